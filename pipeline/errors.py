@@ -1,0 +1,49 @@
+"""Failure kinds of the errors table, and how exceptions map onto them."""
+
+from __future__ import annotations
+
+import errno
+import socket
+from enum import StrEnum
+
+
+class ErrorKind(StrEnum):
+    TRANSIENT = "transient"  # retried with backoff, and again on the next run
+    PERMANENT = "permanent"  # the item is gone for good (private, removed, 404)
+    BAD_INPUT = "bad_input"  # the item exists but is unusable (corrupt media, broken subtitles)
+
+
+class StageError(Exception):
+    """An item failed in a way the stage understood; ``kind`` says what to do about it."""
+
+    kind: ErrorKind = ErrorKind.PERMANENT
+
+
+class TransientError(StageError):
+    kind = ErrorKind.TRANSIENT
+
+
+class PermanentError(StageError):
+    kind = ErrorKind.PERMANENT
+
+
+class BadInputError(StageError):
+    kind = ErrorKind.BAD_INPUT
+
+
+# Errors of the machine rather than of the item: retrying later may succeed.
+_TRANSIENT_ERRNOS = {errno.ENOSPC, errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET}
+
+
+def classify(exc: BaseException) -> tuple[ErrorKind, str]:
+    """Kind and a one-line message for an exception raised while processing an item."""
+    if isinstance(exc, StageError):
+        return exc.kind, str(exc) or type(exc).__name__
+    message = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+    if isinstance(exc, (TimeoutError, ConnectionError, socket.timeout)):
+        return ErrorKind.TRANSIENT, message
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return ErrorKind.TRANSIENT, message
+    # Anything else is an unexpected failure on this item: recorded, not retried forever;
+    # `--retry-failed` reruns it once the cause is fixed.
+    return ErrorKind.PERMANENT, f"unexpected {message}"

@@ -1,0 +1,110 @@
+"""Logging and progress bars: rich for people, JSON lines for scheduled runs, or quiet."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Literal, TypeVar
+
+from rich.logging import RichHandler
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+LogFormat = Literal["rich", "json", "quiet"]
+T = TypeVar("T")
+
+log = logging.getLogger("vlcorpus")
+_mode: LogFormat = "rich"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with whatever ``extra=`` fields the call passed."""
+
+    _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        payload.update({k: v for k, v in record.__dict__.items() if k not in self._RESERVED})
+        if record.exc_info:
+            payload["exception"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=str)
+
+
+def setup_logging(mode: LogFormat = "rich", level: int = logging.INFO) -> None:
+    """Configure the ``vlcorpus`` logger once per process; progress bars follow the mode."""
+    global _mode
+    _mode = mode
+    handler: logging.Handler
+    if mode == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler = RichHandler(show_path=False, rich_tracebacks=False, markup=False)
+    log.handlers[:] = [handler]
+    log.setLevel(logging.WARNING if mode == "quiet" else level)
+    log.propagate = False
+
+
+def progress_enabled() -> bool:
+    return _mode == "rich" and sys.stderr.isatty()
+
+
+def track(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
+    """Iterate with a progress bar when a person is watching; silently otherwise."""
+    if not progress_enabled():
+        yield from items
+        return
+    with _progress() as progress:
+        task = progress.add_task(description, total=total)
+        for item in items:
+            yield item
+            progress.advance(task)
+
+
+class Counter:
+    """A progress bar advanced by hand (for work that completes in uneven steps)."""
+
+    def __init__(self, description: str, total: int) -> None:
+        self._progress = _progress() if progress_enabled() else None
+        if self._progress is not None:
+            self._progress.start()
+            self._task = self._progress.add_task(description, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, n)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def __enter__(self) -> Counter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        transient=False,
+    )

@@ -1,0 +1,261 @@
+"""The stage runner of DESIGN.md: todo = input keys − done keys − permanent failures.
+
+A stage says which items exist (``items``) and how to turn a batch of them into rows
+(``process``). The runner skips what earlier runs finished, works on the rest in batches,
+retries transient failures with backoff, and commits each batch atomically under a name
+derived from its keys. Errors are committed before the rows that mark a batch done, so a
+kill between the two loses nothing: the batch is simply redone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow.dataset as ds
+
+from pipeline.errors import ErrorKind, classify
+from pipeline.ids import batch_name
+from pipeline.progress import Counter, log
+from pipeline.storage import Corpus
+
+
+@dataclass(frozen=True)
+class Item:
+    """One unit of work: its key and the input rows (or payload) the stage needs for it."""
+
+    key: str
+    rows: tuple[dict[str, Any], ...] = ()
+    attempts_before: int = 0
+
+
+@dataclass
+class Outcome:
+    """What happened to one item: output rows, or a failure with its kind."""
+
+    key: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    kind: ErrorKind | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.kind is None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 3
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        """Exponential backoff before retry number ``attempt`` (1-based)."""
+        return min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """What a stage function may use: the corpus, the config, the retry policy."""
+
+    corpus: Corpus
+    config: Any
+    retry: RetryPolicy = RetryPolicy()
+
+
+Process = Callable[[Sequence[Item], StageContext], list[Outcome]]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage: ``items`` lists every item it should cover, ``process`` handles a batch."""
+
+    name: str
+    output: str
+    items: Callable[[StageContext], Iterable[Item]]
+    process: Process
+
+
+def per_item(fn: Callable[[Item, StageContext], list[dict[str, Any]]]) -> Process:
+    """Lift a one-item function to a batch function; its exceptions become failed outcomes."""
+
+    def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
+        outcomes = []
+        for item in items:
+            try:
+                outcomes.append(Outcome(item.key, rows=fn(item, ctx)))
+            except Exception as exc:  # noqa: BLE001 - every failure becomes an errors row
+                kind, message = classify(exc)
+                log.warning("%s failed (%s): %s", item.key, kind, message)
+                outcomes.append(Outcome(item.key, kind=kind, message=message))
+        return outcomes
+
+    return process
+
+
+@dataclass
+class BatchReport:
+    stage: str
+    items: int = 0
+    ok: int = 0
+    rows: int = 0
+    errors: Tally = field(default_factory=Tally)
+
+    def add(self, other: BatchReport) -> None:
+        self.items += other.items
+        self.ok += other.ok
+        self.rows += other.rows
+        self.errors.update(other.errors)
+
+
+@dataclass
+class StageReport(BatchReport):
+    total: int = 0
+    skipped_done: int = 0
+    skipped_failed: int = 0
+
+
+def input_items(corpus: Corpus, table: str, key: str) -> list[Item]:
+    """Items grouped by ``key`` from an upstream table, each with all of its rows."""
+    data = corpus.read(table).sort_by([(key, "ascending")])
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in data.to_pylist():
+        groups.setdefault(row[key], []).append(row)
+    return [Item(k, tuple(rows)) for k, rows in groups.items()]
+
+
+def failures(corpus: Corpus, stage: str) -> tuple[set[str], Tally]:
+    """Keys that failed for good in ``stage``, and how many attempts each key has had."""
+    errors = corpus.read(
+        "errors", columns=["item_id", "kind", "attempt"], filter=ds.field("stage") == stage
+    )
+    final = {ErrorKind.PERMANENT.value, ErrorKind.BAD_INPUT.value}
+    failed: set[str] = set()
+    attempts: Tally = Tally()
+    for row in errors.to_pylist():
+        attempts[row["item_id"]] = max(attempts[row["item_id"]], row["attempt"])
+        if row["kind"] in final:
+            failed.add(row["item_id"])
+    return failed, attempts
+
+
+def plan(
+    stage: Stage, ctx: StageContext, batch_size: int, retry_failed: bool = False
+) -> tuple[list[list[Item]], StageReport]:
+    """Batches of what is left to do, in key order so that reruns batch alike."""
+    corpus = ctx.corpus
+    corpus.sweep_temporary(stage.output)
+    corpus.sweep_temporary("errors")
+    done = corpus.done(stage.output)
+    failed, attempts = failures(corpus, stage.name)
+    if retry_failed:
+        failed = set()
+    report = StageReport(stage.name)
+    todo: dict[str, Item] = {}
+    for item in stage.items(ctx):
+        report.total += 1
+        if item.key in done:
+            report.skipped_done += 1
+        elif item.key in failed:
+            report.skipped_failed += 1
+        elif item.key not in todo:
+            todo[item.key] = Item(item.key, item.rows, attempts[item.key])
+    ordered = [todo[k] for k in sorted(todo)]
+    batches = [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+    return batches, report
+
+
+def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext) -> BatchReport:
+    """Process one batch with retries for transient failures, then commit it."""
+    pending = list(items)
+    settled: dict[str, Outcome] = {}
+    tries: Tally = Tally()
+    for attempt in range(1, ctx.retry.attempts + 1):
+        for outcome in _process_guarded(stage, pending, ctx):
+            tries[outcome.key] = attempt
+            settled[outcome.key] = outcome
+        pending = [i for i in pending if settled[i.key].kind == ErrorKind.TRANSIENT]
+        if not pending or attempt == ctx.retry.attempts:
+            break
+        delay = ctx.retry.delay(attempt)
+        log.info("%s: retrying %d transient failures in %.1fs", stage.name, len(pending), delay)
+        time.sleep(delay)
+    return commit(stage, items, settled, tries, ctx.corpus)
+
+
+def _process_guarded(stage: Stage, items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
+    """A batch function that raises fails every item of the batch, not the run."""
+    try:
+        outcomes = stage.process(items, ctx)
+    except Exception as exc:  # noqa: BLE001 - recorded per item below
+        kind, message = classify(exc)
+        log.warning("%s: batch failed (%s): %s", stage.name, kind, message)
+        return [Outcome(i.key, kind=kind, message=message) for i in items]
+    missing = {i.key for i in items} - {o.key for o in outcomes}
+    if missing:
+        raise RuntimeError(f"{stage.name}: process returned no outcome for {sorted(missing)}")
+    return outcomes
+
+
+def commit(
+    stage: Stage,
+    items: Sequence[Item],
+    outcomes: dict[str, Outcome],
+    tries: Tally,
+    corpus: Corpus,
+) -> BatchReport:
+    name = f"{stage.name.replace(':', '_')}-{batch_name([i.key for i in items])}"
+    now = datetime.now(UTC)
+    report = BatchReport(stage.name, items=len(items))
+    error_rows = []
+    for item in items:
+        outcome = outcomes[item.key]
+        if outcome.ok:
+            continue
+        report.errors[outcome.kind.value] += 1
+        error_rows.append(
+            {
+                "stage": stage.name,
+                "item_id": item.key,
+                "kind": outcome.kind.value,
+                "message": outcome.message,
+                "attempt": item.attempts_before + tries[item.key],
+                "time": now,
+            }
+        )
+    if error_rows:
+        corpus.write_batch("errors", error_rows, name)
+    rows: list[dict[str, Any]] = []
+    done: dict[str, int] = {}
+    for item in items:
+        outcome = outcomes[item.key]
+        if outcome.ok:
+            rows.extend(outcome.rows)
+            done[item.key] = len(outcome.rows)
+    if done:
+        corpus.write_batch(stage.output, rows, name, done=done)
+    report.ok = len(done)
+    report.rows = len(rows)
+    return report
+
+
+def run_stage(
+    stage: Stage, ctx: StageContext, batch_size: int, retry_failed: bool = False
+) -> StageReport:
+    """Run a stage to completion in this process (flows run the batches on Dask instead)."""
+    batches, report = plan(stage, ctx, batch_size, retry_failed)
+    todo = sum(len(b) for b in batches)
+    log.info(
+        "%s: %d items, %d done before, %d failed before, %d to do",
+        stage.name, report.total, report.skipped_done, report.skipped_failed, todo,
+    )
+    with Counter(stage.name, todo) as bar:
+        for batch in batches:
+            report.add(run_batch(stage, batch, ctx))
+            bar.advance(len(batch))
+    return report
+

@@ -1,0 +1,44 @@
+"""Counts per table and errors by kind: what `vlcorpus stats` and the end of a build print."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.storage import Corpus
+
+
+def summarize(corpus: Corpus) -> dict[str, Any]:
+    """``{"tables": {name: rows}, "errors": {stage: {kind: n}}}``, read without loading data."""
+    tables = {name: corpus.dataset(name).count_rows() for name in corpus.tables()}
+    errors: dict[str, dict[str, int]] = {}
+    if "errors" in tables:
+        # Items, not rows: a transient failure retried over several runs is one item.
+        data = corpus.read("errors", columns=["stage", "kind", "item_id"])
+        counts = data.group_by(["stage", "kind"]).aggregate([("item_id", "count_distinct")])
+        for row in sorted(counts.to_pylist(), key=lambda r: (r["stage"], r["kind"])):
+            errors.setdefault(row["stage"], {})[row["kind"]] = row["item_id_count_distinct"]
+    return {"root": corpus.url, "tables": tables, "errors": errors}
+
+
+def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    rows = Table(title=f"corpus {summary['root']}")
+    rows.add_column("table")
+    rows.add_column("rows", justify="right")
+    for name, n in summary["tables"].items():
+        rows.add_row(name, str(n))
+    console.print(rows)
+    if summary["errors"]:
+        errs = Table(title="errors by stage and kind")
+        errs.add_column("stage")
+        errs.add_column("kind")
+        errs.add_column("items", justify="right")
+        for stage, kinds in summary["errors"].items():
+            for kind, n in kinds.items():
+                errs.add_row(stage, kind, str(n))
+        console.print(errs)
+    else:
+        console.print("no errors")

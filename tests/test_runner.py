@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import pyarrow.dataset as ds
+import pytest
+
+import stagekit
+from pipeline.runner import RetryPolicy, StageContext, run_stage
+from pipeline.storage import Corpus
+from pipeline.validate import validate
+
+
+@pytest.fixture(autouse=True)
+def _fresh_flaky():
+    stagekit._flaky_seen.clear()
+
+
+def _ctx(url: str, attempts: int = 3) -> StageContext:
+    return StageContext(Corpus(url), config=None, retry=RetryPolicy(attempts, 0.0, 0.0))
+
+
+def test_runs_all_items_and_records_each_failure_kind(memory_root):
+    ctx = _ctx(memory_root)
+    ids = stagekit.make_videos(ctx.corpus, 7, extra=("bad1", "gone1", "crash1", "flaky1", "silent1"))
+    report = run_stage(stagekit.DOWNLOAD, ctx, batch_size=3)
+    assert report.total == len(ids) == 12
+    assert report.ok == 9  # 7 plain + flaky (retried) + silent (no rows, still done)
+    assert dict(report.errors) == {"bad_input": 1, "permanent": 2}
+    errors = {r["item_id"]: r for r in ctx.corpus.read("errors").to_pylist()}
+    assert errors["demo-bad1"]["kind"] == "bad_input"
+    assert "truncated media" in errors["demo-bad1"]["message"]
+    assert errors["demo-gone1"]["kind"] == "permanent"
+    assert errors["demo-crash1"]["message"].startswith("unexpected ZeroDivisionError")
+    assert "demo-flaky1" not in errors  # succeeded on its retry
+    assert set(ctx.corpus.done("downloads")) == set(ids) - set(errors)
+    run_stage(stagekit.TRANSCRIBE, ctx, batch_size=4)
+    done = ctx.corpus.done("segments")
+    assert done["demo-silent1"] == 0 and set(done) == set(ids) - set(errors)
+    assert validate(ctx.corpus) == []
+
+
+def test_rerun_skips_done_and_permanent_failures(memory_root):
+    ctx = _ctx(memory_root)
+    stagekit.make_videos(ctx.corpus, 5, extra=("bad1",))
+    run_stage(stagekit.DOWNLOAD, ctx, batch_size=2)
+    before = ctx.corpus.read("downloads").sort_by("video_id")
+    again = run_stage(stagekit.DOWNLOAD, ctx, batch_size=2)
+    assert (again.skipped_done, again.skipped_failed, again.items) == (5, 1, 0)
+    assert ctx.corpus.read("downloads").sort_by("video_id").equals(before)
+    retried = run_stage(stagekit.DOWNLOAD, ctx, batch_size=2, retry_failed=True)
+    assert retried.items == 1 and retried.errors["bad_input"] == 1
+    attempts = ctx.corpus.read("errors").column("attempt").to_pylist()
+    assert sorted(attempts) == [1, 2]
+
+
+def test_transient_failure_exhausting_retries_is_retried_next_run(memory_root):
+    ctx = _ctx(memory_root, attempts=1)
+    stagekit.make_videos(ctx.corpus, 2, extra=("flaky1",))
+    first = run_stage(stagekit.DOWNLOAD, ctx, batch_size=10)
+    assert first.errors == {"transient": 1}
+    second = run_stage(stagekit.DOWNLOAD, ctx, batch_size=10)
+    assert second.items == 1 and second.ok == 1
+    assert "demo-flaky1" in ctx.corpus.done("downloads")
+    assert validate(ctx.corpus) == []
+
+
+def test_new_inputs_are_picked_up_incrementally(memory_root):
+    ctx = _ctx(memory_root)
+    stagekit.make_videos(ctx.corpus, 3)
+    run_stage(stagekit.DOWNLOAD, ctx, batch_size=2)
+    stagekit.make_videos(ctx.corpus, 5)  # same batch name: replaces the videos batch
+    report = run_stage(stagekit.DOWNLOAD, ctx, batch_size=2)
+    assert (report.skipped_done, report.items) == (3, 2)
+    new = ctx.corpus.read("downloads", filter=ds.field("video_id") == "demo-v004")
+    assert new.num_rows == 1
+
+
+def test_rejected_rows_fail_the_commit_not_silently(memory_root):
+    corpus = Corpus(memory_root)
+    from pipeline.storage import SchemaViolation
+
+    with pytest.raises(SchemaViolation, match="unknown columns"):
+        corpus.write_batch("videos", [{"video_id": "a", "titel": "x"}], "b")
+    with pytest.raises(SchemaViolation, match="must not be null"):
+        corpus.write_batch("videos", [{"video_id": "a"}], "b")
+    assert corpus.table_files("videos") == []
