@@ -32,11 +32,15 @@ def make_videos(corpus: Corpus, n: int, extra: tuple[str, ...] = ()) -> list[str
     return ids
 
 
-def _download(item: Item, ctx: StageContext) -> list[dict]:
-    vid = item.key
+def _slow() -> None:
     delay = float(os.environ.get("VLC_TEST_DELAY", "0"))
     if delay:
         time.sleep(delay)
+
+
+def _download(item: Item, ctx: StageContext) -> list[dict]:
+    vid = item.key
+    _slow()
     if "bad" in vid:
         raise BadInputError(f"{vid}: truncated media")
     if "gone" in vid:
@@ -52,6 +56,7 @@ def _download(item: Item, ctx: StageContext) -> list[dict]:
 
 def _sentences(item: Item, ctx: StageContext) -> list[dict]:
     vid = item.key
+    _slow()
     if "silent" in vid:
         return []
     n = 1 + sum(map(ord, vid)) % 3
