@@ -103,13 +103,14 @@ class BatchReport:
     items: int = 0
     ok: int = 0
     rows: int = 0
-    errors: Tally = field(default_factory=Tally)
+    errors: dict[str, int] = field(default_factory=dict)  # kind -> items
 
     def add(self, other: BatchReport) -> None:
         self.items += other.items
         self.ok += other.ok
         self.rows += other.rows
-        self.errors.update(other.errors)
+        for kind, n in other.errors.items():
+            self.errors[kind] = self.errors.get(kind, 0) + n
 
 
 @dataclass
@@ -216,7 +217,7 @@ def commit(
         outcome = outcomes[item.key]
         if outcome.ok:
             continue
-        report.errors[outcome.kind.value] += 1
+        report.errors[outcome.kind.value] = report.errors.get(outcome.kind.value, 0) + 1
         error_rows.append(
             {
                 "stage": stage.name,

@@ -22,3 +22,12 @@ def require_binaries(*names: str) -> None:
     missing = [n for n in names if shutil.which(n) is None]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (apt-get install -y ffmpeg espeak-ng)")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """Prefect's temporary local server, once per test session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

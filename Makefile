@@ -1,0 +1,40 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+APT_PACKAGES := ffmpeg espeak-ng
+DEMO_ROOT ?= demo-corpus
+PYTEST_ARGS ?=
+
+.PHONY: demo test system venv schema clean
+
+# Debian packages, only when a binary is missing (needs root or sudo).
+system:
+	@missing=""; \
+	command -v ffmpeg >/dev/null || missing="$$missing ffmpeg"; \
+	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: system $(STAMP)
+
+demo: venv
+	$(VENV)/bin/vlcorpus demo --root $(DEMO_ROOT)
+
+test: venv
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+schema: venv
+	$(PY) -m pipeline.config --write-schema
+
+clean:
+	rm -rf $(VENV) $(DEMO_ROOT) .pytest_cache

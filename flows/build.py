@@ -1,0 +1,122 @@
+"""``build_corpus``: every built stage in order, each stage's batches as Prefect tasks on Dask.
+
+The flow only composes pipeline/: it plans each stage with the runner, submits one task per
+batch, and waits for the stage before starting the next. Tasks return small reports; the
+tables are the results, so nothing large is held in Prefect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect_dask import DaskTaskRunner
+
+from pipeline.config import Config, config_hash, dump_config, load_config
+from pipeline.runner import BatchReport, Item, plan, run_batch
+from pipeline.stages import BUILT, context, runner_stages, stages_until
+from pipeline.storage import Corpus
+from pipeline.summary import summarize
+
+
+@task(
+    name="run-batch",
+    task_run_name="{stage_name} batch {index}/{total}",
+    retries=2,
+    retry_delay_seconds=[2, 10],
+    cache_policy=NO_CACHE,
+    persist_result=False,
+)
+def run_batch_task(
+    stage_name: str, index: int, total: int, items: list[Item], root: str, cfg: Config
+) -> dict[str, Any]:
+    # Stages are rebuilt on the worker from their name: only data travels, never closures.
+    family = stage_name.split(":", 1)[0]
+    stage = next(s for s in runner_stages(family, cfg) if s.name == stage_name)
+    report = run_batch(stage, items, context(Corpus(root), cfg))
+    return asdict(report)
+
+
+def resolve_config(config: str | Path | Config | dict) -> Config:
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, dict):
+        return Config.model_validate(config)
+    return load_config(config)
+
+
+@flow(name="build_corpus", persist_result=False)
+def build_corpus(
+    config: str | Config,
+    root: str | None = None,
+    until: str | None = None,
+    retry_failed: bool = False,
+) -> dict[str, Any]:
+    """Run the built stages up to ``until`` on the flow's task runner; returns the summary."""
+    logger = get_run_logger()
+    cfg = resolve_config(config)
+    corpus = Corpus(_root(cfg, root))
+    corpus.write_text("config.yaml", f"# config hash {config_hash(cfg)}\n{dump_config(cfg)}")
+    reports: dict[str, dict[str, Any]] = {}
+    for name in stages_until(until):
+        if name not in BUILT:
+            logger.info("stage %s is not built yet; skipped", name)
+            continue
+        for stage in runner_stages(name, cfg):
+            ctx = context(corpus, cfg)
+            batches, report = plan(stage, ctx, cfg.execution.batch_size, retry_failed)
+            logger.info(
+                "%s: %d items, %d done before, %d failed before, %d batches to run",
+                stage.name, report.total, report.skipped_done, report.skipped_failed, len(batches),
+            )
+            futures = [
+                run_batch_task.submit(stage.name, i + 1, len(batches), batch, corpus.url, cfg)
+                for i, batch in enumerate(batches)
+            ]
+            for future in futures:
+                report.add(BatchReport(**future.result()))
+            reports[stage.name] = asdict(report)
+    summary = summarize(corpus)
+    summary["stages"] = reports
+    return summary
+
+
+def _root(cfg: Config, root: str | None) -> str:
+    chosen = root or cfg.root
+    if not chosen:
+        raise ValueError("no corpus root: pass --root or set `root:` in the config")
+    return chosen
+
+
+def task_runner(cfg: Config, root: str, dask_address: str | None = None) -> DaskTaskRunner:
+    """A runner on the given Dask cluster, else a local one sized by the config."""
+    address = dask_address or cfg.execution.dask_address
+    if address:
+        return DaskTaskRunner(address=address)
+    # An in-memory root is only visible inside this process: use threads, not processes.
+    in_memory = root.startswith("memory://")
+    return DaskTaskRunner(
+        cluster_kwargs={
+            "n_workers": cfg.execution.n_workers or 2,
+            "threads_per_worker": cfg.execution.threads_per_worker,
+            "processes": not in_memory,
+            "dashboard_address": None,
+        }
+    )
+
+
+def run_build(
+    config: str | Path | Config,
+    root: str | None = None,
+    until: str | None = None,
+    dask_address: str | None = None,
+    retry_failed: bool = False,
+) -> dict[str, Any]:
+    """Entry point for the CLI and tests: ``build_corpus`` on the chosen Dask task runner."""
+    cfg = resolve_config(config)
+    chosen = _root(cfg, root)
+    flow_fn = build_corpus.with_options(task_runner=task_runner(cfg, chosen, dask_address))
+    return flow_fn(cfg, root=chosen, until=until, retry_failed=retry_failed)

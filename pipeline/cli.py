@@ -1,0 +1,158 @@
+"""The ``vlcorpus`` command line (DESIGN.md: interfaces that stay stable)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from pipeline.config import ConfigError, load_config
+from pipeline.progress import LogFormat, setup_logging
+from pipeline.stages import ORDER, check_name
+from pipeline.storage import Corpus
+from pipeline.summary import print_summary, summarize
+
+app = typer.Typer(
+    help="Build video-text corpora: discover, download, transcribe, align, featurize, shard.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+NOT_BUILT_EXIT = 2
+
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Warnings and errors only.")]
+JsonLogs = Annotated[bool, typer.Option("--json", help="Logs and results as JSON lines.")]
+
+
+def _logging(quiet: bool, json_logs: bool) -> LogFormat:
+    mode: LogFormat = "json" if json_logs else "quiet" if quiet else "rich"
+    setup_logging(mode)
+    if mode != "rich":
+        # Prefect's own run logs follow the same choice.
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    return mode
+
+
+def _not_built(what: str) -> None:
+    console.print(f"[yellow]{what} is not built yet in this version.[/yellow]")
+    raise typer.Exit(NOT_BUILT_EXIT)
+
+
+def _emit(summary: dict, mode: LogFormat) -> None:
+    if mode == "json":
+        print(json.dumps(summary, default=str))
+    else:
+        print_summary(summary, Console())
+
+
+@app.command()
+def build(
+    config: Annotated[Path, typer.Argument(help="YAML config file.", exists=True, dir_okay=False)],
+    root: Annotated[str | None, typer.Option(help="Corpus root (path or fsspec URL).")] = None,
+    until: Annotated[str | None, typer.Option(help=f"Last stage: {', '.join(ORDER)}.")] = None,
+    dask_address: Annotated[str | None, typer.Option(help="Existing Dask scheduler.")] = None,
+    retry_failed: Annotated[bool, typer.Option(help="Retry permanent failures too.")] = False,
+    quiet: Quiet = False,
+    json_logs: JsonLogs = False,
+) -> None:
+    """Run the pipeline for CONFIG, resuming whatever an earlier run left."""
+    mode = _logging(quiet, json_logs)
+    try:
+        cfg = load_config(config)
+        if until is not None:
+            check_name(until)
+    except (ConfigError, ValueError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    from flows.build import run_build  # Prefect is imported only when a build runs
+
+    summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
+                        retry_failed=retry_failed)
+    _emit(summary, mode)
+
+
+@app.command()
+def demo(
+    root: Annotated[Path, typer.Option(help="Where the demo site and corpus go.")] = Path(
+        "demo-corpus"
+    ),
+    videos: Annotated[int, typer.Option(min=1, help="Narrated videos to generate.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the generated videos.")] = 0,
+    until: Annotated[str | None, typer.Option(help="Last stage.")] = None,
+    quiet: Quiet = False,
+    json_logs: JsonLogs = False,
+) -> None:
+    """Generate narrated demo videos, serve them on 127.0.0.1 and build a corpus from them."""
+    mode = _logging(quiet, json_logs)
+    from flows.demo import run_demo
+
+    summary = run_demo(root, n_videos=videos, seed=seed, until=until)
+    _emit(summary, mode)
+
+
+@app.command()
+def transcript(
+    file: Annotated[Path, typer.Argument(help=".vtt/.srt subtitles or a media file.")],
+    asr: Annotated[str | None, typer.Option(help="ASR backend for media files.")] = None,
+    model: Annotated[str | None, typer.Option(help="ASR model name or path.")] = None,
+) -> None:
+    """Timed sentences of FILE, one JSON object per line."""
+    _not_built("`vlcorpus transcript` (the transcribe stage)")
+
+
+@app.command()
+def validate(
+    root: Annotated[str, typer.Argument(help="Corpus root.")],
+    json_logs: JsonLogs = False,
+) -> None:
+    """Check every table against schemas/ and that no key is lost between stages."""
+    from pipeline.validate import validate as check
+
+    corpus = Corpus(root)
+    problems = check(corpus)
+    if json_logs:
+        print(json.dumps({"root": root, "valid": not problems,
+                          "violations": [str(p) for p in problems]}))
+    elif problems:
+        for problem in problems:
+            console.print(f"[red]{problem}[/red]", markup=False, highlight=False)
+        console.print(f"{len(problems)} violations in {root}")
+    else:
+        console.print(f"{root}: valid ({', '.join(corpus.tables()) or 'no tables'})")
+    if problems:
+        raise typer.Exit(1)
+
+
+@app.command()
+def stats(
+    root: Annotated[str, typer.Argument(help="Corpus root.")],
+    json_logs: JsonLogs = False,
+) -> None:
+    """Rows per table and errors by stage and kind."""
+    _emit(summarize(Corpus(root)), "json" if json_logs else "rich")
+
+
+@app.command()
+def report(root: Annotated[str, typer.Argument(help="Corpus root.")]) -> None:
+    """Write report/stats.json and report/report.html."""
+    _not_built("`vlcorpus report` (the report stage)")
+
+
+@app.command()
+def train(target: Annotated[str, typer.Argument(help="A config file or a corpus root.")]) -> None:
+    """Train a retrieval model on a corpus's features."""
+    _not_built("`vlcorpus train` (the trainer)")
+
+
+@app.command(name="eval")
+def evaluate(target: Annotated[str, typer.Argument(help="A checkpoint or a corpus root.")]) -> None:
+    """Evaluate a trained retrieval model."""
+    _not_built("`vlcorpus eval` (the trainer)")
+
+
+if __name__ == "__main__":
+    app()
