@@ -17,7 +17,7 @@ from prefect_dask import DaskTaskRunner
 
 from pipeline.config import Config, config_hash, dump_config, load_config
 from pipeline.runner import BatchReport, Item, plan, run_batch
-from pipeline.stages import BUILT, context, runner_stages, stages_until
+from pipeline.stages import BUILT, Step, context, parts, stages_until
 from pipeline.storage import Corpus
 from pipeline.summary import summarize
 
@@ -34,10 +34,19 @@ def run_batch_task(
     stage_name: str, index: int, total: int, items: list[Item], root: str, cfg: Config
 ) -> dict[str, Any]:
     # Stages are rebuilt on the worker from their name: only data travels, never closures.
-    family = stage_name.split(":", 1)[0]
-    stage = next(s for s in runner_stages(family, cfg) if s.name == stage_name)
+    stage = _part(stage_name, cfg)
     report = run_batch(stage, items, context(Corpus(root), cfg))
     return asdict(report)
+
+
+@task(name="run-step", task_run_name="{step_name}", retries=2, retry_delay_seconds=[2, 10],
+      cache_policy=NO_CACHE, persist_result=False)
+def run_step_task(step_name: str, root: str, cfg: Config) -> dict[str, Any]:
+    return _part(step_name, cfg)(context(Corpus(root), cfg))
+
+
+def _part(name: str, cfg: Config) -> Any:
+    return next(p for p in parts(name.split(":", 1)[0], cfg) if p.name == name)
 
 
 def resolve_config(config: str | Path | Config | dict) -> Config:
@@ -65,7 +74,10 @@ def build_corpus(
         if name not in BUILT:
             logger.info("stage %s is not built yet; skipped", name)
             continue
-        for stage in runner_stages(name, cfg):
+        for stage in parts(name, cfg):
+            if isinstance(stage, Step):
+                reports[stage.name] = run_step_task.submit(stage.name, corpus.url, cfg).result()
+                continue
             ctx = context(corpus, cfg)
             batches, report = plan(stage, ctx, cfg.execution.batch_size, retry_failed)
             logger.info(

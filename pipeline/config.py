@@ -288,7 +288,8 @@ class DownloadConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format: str = Field("bv*[height<=480]+ba/b[height<=480]", min_length=1)
+    # `<=?` also accepts formats of unknown height (plain <video> pages say none).
+    format: str = Field("bv*[height<=?480]+ba/b[height<=?480]", min_length=1)
     subtitle_langs: list[str] = Field(default_factory=lambda: ["en"])
     manual_subtitles: bool = True
     auto_subtitles: bool = Field(True, description="fallback when no manual subtitles exist")

@@ -14,7 +14,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow.dataset as ds
 
@@ -65,6 +65,25 @@ class StageContext:
     corpus: Corpus
     config: Any
     retry: RetryPolicy = RetryPolicy()
+
+
+T = TypeVar("T")
+
+
+def retrying(fn: Callable[[], T], policy: RetryPolicy) -> tuple[T | None, Exception | None, int]:
+    """Call ``fn`` until it succeeds or fails for a non-transient reason or runs out of tries.
+    Returns (result, last exception, tries)."""
+    attempt = 1
+    while True:
+        try:
+            return fn(), None, attempt
+        except Exception as exc:  # noqa: BLE001 - the caller records it
+            kind, message = classify(exc)
+            if kind != ErrorKind.TRANSIENT or attempt >= policy.attempts:
+                return None, exc, attempt
+            log.info("retrying in %.1fs after: %s", policy.delay(attempt), message)
+            time.sleep(policy.delay(attempt))
+            attempt += 1
 
 
 Process = Callable[[Sequence[Item], StageContext], list[Outcome]]

@@ -1,9 +1,16 @@
-"""The stages of a build, in order, and which of them this version implements."""
+"""The stages of a build, in order, and which of them this version implements.
+
+Most stages are runner stages (items in batches, see runner.py). Some run as one step over
+the whole corpus: discover (its input is the config, and dedup spans all sources).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import Any
 
+from pipeline import discover, download
 from pipeline.config import Config
 from pipeline.runner import RetryPolicy, Stage, StageContext
 from pipeline.storage import Corpus
@@ -12,8 +19,24 @@ ORDER: tuple[str, ...] = (
     "discover", "download", "transcribe", "align", "featurize", "shard", "report", "train",
 )
 
-# Stage name -> factory of the runner stages it consists of (featurize: one per extractor).
-BUILT: dict[str, Callable[[Config], list[Stage]]] = {}
+
+@dataclass(frozen=True)
+class Step:
+    """A stage that runs as one unit over the whole corpus; returns a JSON-able report."""
+
+    name: str
+    run: Callable[[StageContext], Any]
+
+    def __call__(self, ctx: StageContext) -> dict[str, Any]:
+        result = self.run(ctx)
+        return asdict(result) if is_dataclass(result) else dict(result)
+
+
+# Stage name -> factory of what it consists of (featurize: one runner stage per extractor).
+BUILT: dict[str, Callable[[Config], list[Stage | Step]]] = {
+    "discover": lambda cfg: [Step("discover", discover.discover)],
+    "download": lambda cfg: [download.STAGE],
+}
 
 
 class NotBuiltYet(RuntimeError):
@@ -33,7 +56,7 @@ def stages_until(until: str | None) -> list[str]:
     return list(ORDER[: ORDER.index(check_name(until)) + 1])
 
 
-def runner_stages(name: str, cfg: Config) -> list[Stage]:
+def parts(name: str, cfg: Config) -> list[Stage | Step]:
     try:
         factory = BUILT[check_name(name)]
     except KeyError:

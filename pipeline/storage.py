@@ -65,9 +65,13 @@ class Corpus:
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
 
+    @property
+    def is_local(self) -> bool:
+        return "file" in _protocols(self.fs)
+
     def local_path(self, *parts: str) -> str:
         """Path usable by local tools (ffmpeg, yt-dlp); only for local roots."""
-        if "file" not in _protocols(self.fs):
+        if not self.is_local:
             raise ValueError(f"{self.url} is not a local corpus root")
         return self.path(*parts)
 

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 def kit_stages(monkeypatch):
     """Register the test stages as download and transcribe, as later issues' stages will be."""
     stagekit._flaky_seen.clear()
+    monkeypatch.delitem(stages.BUILT, "discover")
     monkeypatch.setitem(stages.BUILT, "download", lambda cfg: [stagekit.DOWNLOAD])
     monkeypatch.setitem(stages.BUILT, "transcribe", lambda cfg: [stagekit.TRANSCRIBE])
 

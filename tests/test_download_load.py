@@ -1,0 +1,56 @@
+"""200 videos from a server that throttles (429) and drops connections: every video ends up
+downloaded or in errors, none twice, and the concurrency limit holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import require_binaries
+from flakyserver import flaky_server, tiny_mp4
+from pipeline import download
+from pipeline.config import parse_config
+from pipeline.discover import discover
+from pipeline.runner import run_stage
+from pipeline.stages import context
+from pipeline.storage import Corpus
+from pipeline.validate import validate
+
+pytestmark = pytest.mark.slow
+
+
+def test_200_videos_through_a_flaky_server(tmp_path):
+    require_binaries("ffmpeg", "ffprobe")
+    media = tiny_mp4(tmp_path / "tiny.mp4")
+    with flaky_server(media, p429=0.1, pdrop=0.05) as (base, stats):
+        urls = [f"{base}/v/{i:03d}.html" for i in range(200)]
+        cfg = parse_config({
+            "name": "load",
+            "sources": [{"type": "urls", "urls": urls}],
+            "download": {"concurrency": 4},
+            "execution": {"batch_size": 25, "retries": 3, "retry_backoff_s": 0.05,
+                          "retry_backoff_max_s": 0.2},
+        })
+        ctx = context(Corpus(str(tmp_path / "corpus")), cfg)
+        assert discover(ctx).added == 200
+        first = run_stage(download.STAGE, ctx, cfg.execution.batch_size)
+        first_stats = (stats.max_in_flight, stats.throttled, stats.dropped)
+
+        assert first.items == 200
+        assert stats.max_in_flight <= 4, f"{stats.max_in_flight} requests in flight, limit 4"
+        assert stats.throttled > 0 and stats.dropped > 0  # the server did misbehave
+        corpus = ctx.corpus
+        done = corpus.done("downloads")
+        failed = set(corpus.read("errors").column("item_id").to_pylist())
+        assert set(done) | failed == set(corpus.done("videos"))
+        assert not set(done) & failed
+        assert corpus.read("downloads").num_rows == len(done)  # none twice
+        assert validate(corpus) == []
+        assert set(corpus.read("errors").column("kind").to_pylist()) <= {"transient"}
+
+        # The server recovers: a rerun finishes what was left, and fetches nothing else.
+        stats.p429 = stats.pdrop = 0.0
+        fetched = sum(stats.served_media.values())
+        second = run_stage(download.STAGE, ctx, cfg.execution.batch_size)
+        assert second.items == len(failed) and second.ok == len(failed)
+        assert sum(stats.served_media.values()) - fetched == len(failed)
+        assert len(corpus.done("downloads")) == 200 and validate(corpus) == []
