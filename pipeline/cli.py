@@ -83,14 +83,17 @@ def demo(
     videos: Annotated[int, typer.Option(min=1, help="Narrated videos to generate.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the generated videos.")] = 0,
     until: Annotated[str | None, typer.Option(help="Last stage.")] = None,
+    port: Annotated[int, typer.Option(help="Port of the demo site on 127.0.0.1.")] = 8765,
     quiet: Quiet = False,
     json_logs: JsonLogs = False,
 ) -> None:
     """Generate narrated demo videos, serve them on 127.0.0.1 and build a corpus from them."""
     mode = _logging(quiet, json_logs)
+    if until is not None:
+        check_name(until)
     from flows.demo import run_demo
 
-    summary = run_demo(root, n_videos=videos, seed=seed, until=until)
+    summary = run_demo(root, n_videos=videos, seed=seed, until=until, port=port)
     _emit(summary, mode)
 
 

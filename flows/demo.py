@@ -1,0 +1,53 @@
+"""``vlcorpus demo``: generate narrated videos, serve them on 127.0.0.1, build a corpus.
+
+Everything runs offline. The site is served on a fixed port when it is free, because page
+URLs are part of generic video ids: a rerun on the same port resumes instead of starting over.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+from flows.build import run_build
+from pipeline.config import ListSource, load_config
+from pipeline.demo import make_demo_media, serve_demo
+from pipeline.progress import log
+
+DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+DEMO_PORT = 8765
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _site(site_dir: Path, n_videos: int, seed: int) -> None:
+    """Generate the demo media unless the same videos are already there."""
+    manifest = site_dir / "manifest.json"
+    if manifest.exists():
+        data = json.loads(manifest.read_text())
+        if data.get("seed") == seed and len(data.get("videos", [])) == n_videos:
+            return
+    make_demo_media(site_dir, n_videos=n_videos, seed=seed)
+
+
+def run_demo(root: Path, n_videos: int = 4, seed: int = 0, until: str | None = None,
+             port: int = DEMO_PORT) -> dict[str, Any]:
+    root = root.resolve()
+    if not DEMO_CONFIG.exists():
+        raise FileNotFoundError(f"{DEMO_CONFIG} is missing: run the demo from a source checkout")
+    site_dir = root / "site"
+    _site(site_dir, n_videos, seed)
+    cfg = load_config(DEMO_CONFIG)
+    if not _free(port):
+        log.warning("port %d is busy; serving on a random port (video ids will differ)", port)
+        port = 0
+    with serve_demo(site_dir, port=port) as base:
+        log.info("demo site at %s", base)
+        urls = ListSource(type="list", path=str(site_dir / "urls.txt"))
+        cfg = cfg.model_copy(update={"sources": [urls]})
+        return run_build(cfg, root=str(root / "corpus"), until=until)
