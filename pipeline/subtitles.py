@@ -1,0 +1,472 @@
+"""Subtitle files (WebVTT, SRT) into clean timed words and sentences.
+
+Real files break parsers in many small ways (BOMs, CR-only line ends, hour-less or one-digit
+timestamps, cues without a blank line between them, blank lines inside cues, non-standard
+header blocks), so the text is first rewritten into a canonical file that webvtt-py reads.
+Two layouts follow:
+
+- rolling: YouTube auto captions, where every cue repeats the line(s) shown before it and the
+  new line carries inline word timestamps (``word<00:00:01.360><c> word</c>``), or the same
+  captions converted to SRT (no word timestamps, the repeats kept). One word timeline is
+  rebuilt from the lines that are new in each cue.
+- cues: author captions; each cue's text is cleaned (tags, entities, speaker markers, sound
+  descriptions) and its span spread over its words.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import itertools
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import webvtt
+from webvtt.errors import MalformedCaptionError, MalformedFileError
+
+from pipeline.config import SentenceConfig
+from pipeline.errors import BadInputError
+from pipeline.segment import Sentence, Word, split_sentences
+
+log = logging.getLogger(__name__)
+
+Format = Literal["vtt", "srt"]
+Layout = Literal["rolling", "cues"]
+
+# A word lasts at most this long: a longer gap before the next word (or a cue that stays on
+# screen long after its words) is silence, and would otherwise make one word a whole sentence.
+_MAX_WORD_S = 1.0
+# A typical spoken word, to give a line that only shows up in a 10 ms cue some duration.
+_WORD_S = 0.3
+# Every sentence lasts more than this; a shorter one is extended to _EXTEND_TO_S.
+_MIN_SENTENCE_S = 0.3
+_EXTEND_TO_S = 0.35
+
+# Timestamps as real files write them: hours optional, fields of one digit (MS Teams), a comma
+# (SRT) or no fraction at all.
+_TS = r"(?:\d+:)?\d{1,2}:\d{1,2}(?:[.,]\d+)?"
+_TS_PARTS = re.compile(r"(?:(\d+):)?(\d{1,2}):(\d{1,2})(?:[.,](\d+))?")
+_TIMING = re.compile(rf"^[ \t]*({_TS})[ \t]*-->[ \t]*({_TS})(?=\s|$)", re.MULTILINE)
+_INLINE_TS = re.compile(r"<((?:\d+:)?\d{1,2}:\d{1,2}\.\d+)>")
+# YouTube's auto captions time each word as <timestamp><c> word</c>.
+_YOUTUBE_WORD = re.compile(r"<(?:\d+:)?\d{1,2}:\d{1,2}\.\d+><c>")
+# Blocks that hold no cue text, wherever they are.
+_NON_CUE_BLOCK = re.compile(r"^(?:NOTE|STYLE|REGION)(?:[ \t]|$)")
+
+_RUBY_TEXT = re.compile(r"<(rt|rp)\b[^>]*>.*?(?:</\1>|(?=</ruby>)|\Z)", re.DOTALL)
+# Cue tags (<v Name>, <c.x>, </c>, <b>, <00:01.000>, <font ...>) and SRT/ASS overrides ({\an8}).
+_TAG = re.compile(r"</?[A-Za-z][^<>]*>|</>|<\d[\d:.]*>|\{\\[^{}]*\}")
+_ODD_SPACES = re.compile(r"[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]")
+_INVISIBLE = re.compile(r"[\u200b-\u200d\u2060\ufeff]")
+
+_BRACKETED = re.compile(r"\[[^\[\]]*\]")
+_PARENTHESISED = re.compile(r"\(([^()]*)\)")
+_SOUND_WORD = re.compile(
+    r"\b(?:music|applause|laugh\w*|cheer\w*|chuckl\w*|sigh\w*|gasp\w*|cough\w*|inaudible|"
+    r"indistinct|silence|noise|static|beep\w*|sound\w*)\b",
+    re.IGNORECASE,
+)
+_SONG = re.compile(r"[♪♫][^♪♫]*[♪♫]|[♪♫]")
+_SPEAKER_CHANGE = re.compile(r">{2,}")
+_DIALOGUE_DASH = re.compile(r"^\s*[-‐–—]+(?!\d)\s*")
+# A speaker name: up to three words of capitals ("MIRA MURATI:"), not a whole line of an
+# all-capitals caption ("WELL, HERE IS THE THING:").
+_SPEAKER_NAME = re.compile(r"^\s*([^\W\d_][\w.'’-]*(?: [\w.'’-]+){0,2}):(?=\s|$)\s*")
+# A token of only closing punctuation is glued to the word before it ("Stéphane ?").
+_CLOSING_PUNCT = re.compile(r"^[?!.,;:…»)\]\"”’]+$")
+# A token of only dashes or rules is filler ("---"), not a word.
+_FILLER = re.compile(r"^[-‐–—_=~*#]+$")
+
+
+@dataclass(frozen=True)
+class Cue:
+    start_s: float
+    end_s: float
+    text: str  # the raw payload: lines joined by "\n", tags kept
+
+
+# ---------------------------------------------------------------- reading
+
+
+def decode_subtitle_bytes(data: bytes) -> str:
+    """Text of a subtitle file: by its BOM, else UTF-8, else cp1252 (latin-1 as a last resort),
+    with LF line ends and no NULs."""
+    boms = (
+        (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"),
+        (b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"),
+    )
+    for bom, encoding in boms:  # UTF-32 LE first: its BOM starts with UTF-16 LE's
+        if data.startswith(bom):
+            # A BOM settles the encoding; a stray bad byte should not cost the whole file.
+            return _clean_text_file(data[len(bom):].decode(encoding, errors="replace"))
+    for encoding in ("utf-8", "cp1252"):
+        try:
+            return _clean_text_file(data.decode(encoding))
+        except UnicodeDecodeError:
+            continue
+    return _clean_text_file(data.decode("latin-1"))  # every byte is a latin-1 character
+
+
+def _clean_text_file(text: str) -> str:
+    # NULs are what is left of UTF-16 without a BOM read as 8-bit text.
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
+    return text.removeprefix("\ufeff")
+
+
+def read_cues(source: str | Path | bytes, fmt: Format | None = None) -> list[Cue]:
+    """Cues of a WebVTT or SRT file, in file order. ``source`` is a path, the file's bytes, or
+    its text (a one-line string naming an existing file is read as a path). ``fmt`` None:
+    detected. Raises BadInputError when the text is not subtitles or no cue can be read."""
+    text = _source_text(source)
+    if not text.strip():
+        raise BadInputError("subtitle file is empty")
+    fmt = fmt or _detect_format(text)
+    canonical, count = _canonical(text, fmt)
+    if not count:
+        return []
+    try:
+        if fmt == "vtt":
+            captions = webvtt.from_string(canonical).captions
+        else:
+            captions = webvtt.from_buffer(io.StringIO(canonical), format="srt").captions
+    except (MalformedFileError, MalformedCaptionError) as exc:
+        raise BadInputError(f"unreadable {fmt} subtitles: {exc}") from None
+    cues = []
+    for caption in captions:
+        start = caption.start_time.in_milliseconds() / 1000
+        end = caption.end_time.in_milliseconds() / 1000
+        if end < start:
+            log.warning("dropped a cue that ends before it starts: %s --> %s",
+                        caption.start, caption.end)
+            continue
+        cues.append(Cue(start, end, caption.raw_text))
+    return cues
+
+
+def _source_text(source: str | Path | bytes) -> str:
+    if isinstance(source, bytes):
+        return decode_subtitle_bytes(source)
+    if isinstance(source, Path) or _names_file(source):
+        return decode_subtitle_bytes(Path(source).read_bytes())
+    return _clean_text_file(source)
+
+
+def _names_file(text: str) -> bool:
+    try:
+        return "\n" not in text and "\r" not in text and Path(text).is_file()
+    except (OSError, ValueError):  # too long for a path, or a NUL in it: text, not a path
+        return False
+
+
+def _detect_format(text: str) -> Format:
+    if text.lstrip().startswith("WEBVTT"):
+        return "vtt"
+    timing = _TIMING.search(text)
+    if timing is None:
+        raise BadInputError("not a subtitle file: no WEBVTT header and no cue timings "
+                            f"(hh:mm:ss.mmm --> hh:mm:ss.mmm); it starts {text[:40]!r}")
+    before = text[:timing.start()].rstrip("\n").rsplit("\n", 1)[-1]
+    return "srt" if "," in timing.group(0) or before.strip().isdigit() else "vtt"
+
+
+def _milliseconds(timestamp: str) -> int | None:
+    """A timestamp in milliseconds; None when it is no valid time."""
+    parts = _TS_PARTS.fullmatch(timestamp)
+    if parts is None or int(parts[2]) > 59 or int(parts[3]) > 59:
+        return None
+    hours, minutes, seconds, fraction = parts.groups()
+    # A fraction is read like a decimal: ".5" is 500 ms, extra digits are dropped.
+    millis = int((fraction or "0")[:3].ljust(3, "0"))
+    return ((int(hours or 0) * 60 + int(minutes)) * 60 + int(seconds)) * 1000 + millis
+
+
+def _format_ms(ms: int, separator: str) -> str:
+    seconds, millis = divmod(ms, 1000)
+    minutes, seconds = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours:02d}:{minutes:02d}:{seconds:02d}{separator}{millis:03d}"
+
+
+def _canonical(text: str, fmt: Format) -> tuple[str, int]:
+    """``text`` rewritten as a file webvtt-py reads as intended, and its number of cues.
+
+    Only cue timings and cue text survive: headers ("Kind:", "Style:", "##", X-TIMESTAMP-MAP),
+    NOTE/STYLE/REGION blocks and cue identifiers are left out, timestamps are written in full
+    (hh:mm:ss.mmm), and every cue is followed by one blank line. A timing line always starts a
+    new cue, even with no blank line before it. A line after a blank line that starts no cue
+    still belongs to the cue before: files saved with trailing whitespace stripped turn
+    YouTube's " " placeholder lines into blank lines, which would end the cue early and lose
+    the words after it; the blank comes back as " "."""
+    lines = text.split("\n")
+    cues: list[tuple[int, int, list[str]]] = []
+    bad: list[str] = []
+    payload: list[str] | None = None  # the current cue's lines; None before any cue
+    after_blank = False
+    in_other_block = False
+    for i, line in enumerate(lines):
+        if "-->" in line:
+            timing = _TIMING.match(line)
+            times = (_milliseconds(timing[1]), _milliseconds(timing[2])) if timing else None
+            if times is None or None in times:
+                bad.append(line.strip())
+                payload = None  # the block's text belongs to no cue
+                continue
+            payload = []
+            cues.append((times[0], times[1], payload))
+            after_blank = in_other_block = False
+            continue
+        if not line:
+            after_blank = True
+            in_other_block = False
+            continue
+        if payload is None or in_other_block:
+            continue
+        starts_cue = i + 1 < len(lines) and "-->" in lines[i + 1]
+        if after_blank:
+            if starts_cue and not _INLINE_TS.search(line):
+                continue  # a cue identifier
+            if _NON_CUE_BLOCK.match(line):
+                in_other_block = True
+                continue
+            payload.append(" ")
+            after_blank = False
+        elif fmt == "srt" and starts_cue and line.strip().isdigit():
+            continue  # an SRT index with no blank line before it
+        payload.append(line)
+    if bad:
+        log.warning("skipped %d cue(s) with unreadable timings, first: %r", len(bad), bad[0])
+        if not cues:
+            raise BadInputError(f"no readable cue timings, e.g. {bad[0]!r}")
+    if fmt == "srt":
+        # webvtt-py's SRT reader ends a cue at a whitespace-only line and drops cues without text.
+        cues = [(start, end, kept) for start, end, body in cues
+                if (kept := [line for line in body if line.strip()])]
+    separator = "." if fmt == "vtt" else ","
+    blocks = [
+        ("" if fmt == "vtt" else f"{n}\n")
+        + f"{_format_ms(start, separator)} --> {_format_ms(end, separator)}\n"
+        + "".join(f"{line}\n" for line in body)
+        for n, (start, end, body) in enumerate(cues, start=1)
+    ]
+    return ("WEBVTT\n\n" if fmt == "vtt" else "") + "\n".join(blocks), len(blocks)
+
+
+# ---------------------------------------------------------------- text cleaning
+
+
+def _untagged(raw: str) -> str:
+    """Cue text without tags or entities, odd spaces made plain spaces."""
+    text = _TAG.sub("", _RUBY_TEXT.sub("", raw))
+    # Some files escape twice ("&amp;#39;") or escape their tags ("&lt;i&gt;").
+    text = _TAG.sub("", html.unescape(html.unescape(text)))
+    return _INVISIBLE.sub("", _ODD_SPACES.sub(" ", text))
+
+
+def _plain(raw: str) -> str:
+    """A cue line as shown on screen, whitespace collapsed: what rolling lines compare on."""
+    return " ".join(_untagged(raw).split())
+
+
+def _is_sound(description: str) -> bool:
+    # "(APPLAUSE)", "(laughs)": all capitals or a known sound word; "(and I mean it)" is speech.
+    letters = [c for c in description if c.isalpha()]
+    return bool(letters) and (all(c.isupper() for c in letters)
+                              or _SOUND_WORD.search(description) is not None)
+
+
+def _spoken(raw: str, drop_sound_tags: bool) -> list[str]:
+    """The spoken words of a cue text: no tags, entities, speaker markers or (optionally) sound
+    descriptions."""
+    text = _untagged(raw)
+    if drop_sound_tags:
+        text = _BRACKETED.sub(" ", text)
+        text = _PARENTHESISED.sub(lambda m: " " if _is_sound(m[1]) else m[0], text)
+        text = _SONG.sub(" ", text)
+    # ">>" marks a new speaker anywhere in a line; what follows it is read as a line start.
+    text = _SPEAKER_CHANGE.sub("\n", text)
+    tokens: list[str] = []
+    for line in text.split("\n"):
+        line = _DIALOGUE_DASH.sub("", line)
+        name = _SPEAKER_NAME.match(line)
+        if name and name[1].isupper():
+            line = line[name.end():]
+        for token in line.split():
+            if _CLOSING_PUNCT.match(token) and tokens:
+                tokens[-1] += token
+            elif not _FILLER.match(token) and not _CLOSING_PUNCT.match(token):
+                tokens.append(token)
+    return tokens
+
+
+def _spread(tokens: Sequence[str], start: float, end: float) -> list[Word]:
+    """Words over [start, end] in proportion to their length, at most _MAX_WORD_S each on
+    average."""
+    end = min(max(end, start), start + _MAX_WORD_S * len(tokens))
+    total = sum(len(t) for t in tokens)
+    words, done = [], 0
+    for token in tokens:
+        w_start = start + (end - start) * done / total
+        done += len(token)
+        words.append(Word(token, w_start, start + (end - start) * done / total))
+    return words
+
+
+def _monotonic(words: Sequence[Word]) -> list[Word]:
+    """Words with non-decreasing, non-overlapping times (cue timings can overlap or run
+    backwards, e.g. an inline timestamp after its cue's end)."""
+    out: list[Word] = []
+    last = 0.0
+    for word in words:
+        start = max(word.start_s, last)
+        end = max(word.end_s, start)
+        out.append(word if (start, end) == (word.start_s, word.end_s)
+                   else replace(word, start_s=start, end_s=end))
+        last = end
+    return out
+
+
+# ---------------------------------------------------------------- rolling auto captions
+
+
+def is_rolling(cues: Sequence[Cue]) -> bool:
+    """Whether the cues are YouTube rolling auto captions: inline word timestamps
+    (``<00:00:01.360><c> word</c>``), or (SRT conversions) most cues starting with the line
+    the cue before ended on."""
+    if any(_YOUTUBE_WORD.search(cue.text) for cue in cues):
+        return True
+    shown = [lines for cue in cues if (lines := _screen_lines(cue.text))]
+    pairs = list(itertools.pairwise(shown))
+    repeats = sum(1 for before, after in pairs if after[0] == before[-1])
+    return repeats >= 2 and repeats * 2 >= len(pairs)
+
+
+def _screen_lines(text: str) -> list[str]:
+    return [plain for line in text.split("\n") if (plain := _plain(line))]
+
+
+def rolling_words(cues: Sequence[Cue], drop_sound_tags: bool = True) -> list[Word]:
+    """One word timeline from rolling auto captions, each spoken word once.
+
+    A cue shows the line(s) of the cue before and then its new line; the new lines are what
+    is left after the longest run of leading lines that repeats the end of the previous cue
+    (a line with inline timestamps is always new, so a line really said twice stays). Every
+    cue's new text is used, not only the 10 ms snapshot cues, so nothing is lost at a screen
+    clear or at the end of the file. Words are timed by their inline timestamps (a word ends
+    where the next starts, the last one at the cue end), or spread over the cue without them.
+    """
+    words: list[Word] = []
+    shown: list[str] = []
+    for cue in sorted(cues, key=lambda c: c.start_s):
+        lines = [(raw, plain) for raw in cue.text.split("\n") if (plain := _plain(raw))]
+        untimed = next((i for i, (raw, _) in enumerate(lines) if _INLINE_TS.search(raw)),
+                       len(lines))
+        carried = next((k for k in range(min(untimed, len(shown)), 0, -1)
+                        if shown[-k:] == [plain for _, plain in lines[:k]]), 0)
+        shown = [plain for _, plain in lines]
+        new = [raw for raw, _ in lines[carried:]]
+        if new:
+            words += _new_line_words(new, cue, words[-1].end_s if words else 0.0,
+                                     drop_sound_tags)
+    return _monotonic(words)
+
+
+def _new_line_words(raw_lines: Sequence[str], cue: Cue, previous_end: float,
+                    drop_sound_tags: bool) -> list[Word]:
+    # Pieces of text, each with the time it starts at: the cue start, then inline timestamps.
+    pieces: list[tuple[float, str]] = [(cue.start_s, "")]
+    for raw in raw_lines:
+        parts = _INLINE_TS.split(raw)
+        pieces[-1] = (pieces[-1][0], f"{pieces[-1][1]} {parts[0]}")
+        for stamp, text in zip(parts[1::2], parts[2::2]):
+            ms = _milliseconds(stamp)
+            pieces.append((pieces[-1][0] if ms is None else ms / 1000, text))
+    words: list[Word] = []
+    for i, (start, text) in enumerate(pieces):
+        tokens = _spoken(text, drop_sound_tags)
+        if not tokens:
+            continue
+        end = pieces[i + 1][0] if i + 1 < len(pieces) else cue.end_s
+        if len(pieces) == 1 and end - start < _WORD_S * len(tokens):
+            # An untimed line first seen in a 10 ms cue (SRT conversions) was said before it.
+            start = max(previous_end, min(start, end - _WORD_S * len(tokens)))
+        words += _spread(tokens, start, end)
+    return words
+
+
+# ---------------------------------------------------------------- author captions
+
+
+def cue_words(cues: Sequence[Cue], drop_sound_tags: bool = True) -> list[Word]:
+    """Words of author/manual captions: cleaned cue text, each cue's span spread over its
+    words. Overlapping roll-up cues that repeat the end of the cue before lose the repeat; a
+    cue is taken to be spoken until the next cue with words starts."""
+    spoken = []
+    for cue in sorted(cues, key=lambda c: c.start_s):
+        body = cue.text.strip()
+        if body.startswith("{") and body.endswith("}"):
+            continue  # a metadata cue (JSON), not speech
+        tokens = _spoken(cue.text, drop_sound_tags)
+        if tokens:
+            spoken.append((cue, tokens))
+    words: list[Word] = []
+    for i, (cue, tokens) in enumerate(spoken):
+        next_start = spoken[i + 1][0].start_s if i + 1 < len(spoken) else math.inf
+        end = min(cue.end_s, next_start) if next_start > cue.start_s else cue.end_s
+        timed = _spread(tokens, cue.start_s, end)
+        if i and cue.start_s < spoken[i - 1][0].end_s:
+            timed = timed[_repeated(spoken[i - 1][1], tokens):]
+        words += timed
+    return _monotonic(words)
+
+
+def _repeated(before: list[str], tokens: list[str]) -> int:
+    """How many leading tokens repeat the end of the cue before: the longest such run, if it
+    is at least two words or the whole cue before (one shared word is too often real)."""
+    for k in range(min(len(before), len(tokens)), 0, -1):
+        if before[-k:] == tokens[:k]:
+            return k if k >= 2 or k == len(before) else 0
+    return 0
+
+
+# ---------------------------------------------------------------- sentences
+
+
+def subtitle_sentences(
+    source: str | Path | bytes,
+    cfg: SentenceConfig,
+    drop_sound_tags: bool = True,
+    fmt: Format | None = None,
+) -> tuple[list[Sentence], Layout]:
+    """Timed sentences of a subtitle file and its layout: "rolling" (auto captions, whatever
+    track they came as) or "cues". Sentences are in time order, do not overlap, have text and
+    last more than 0.3 s."""
+    cues = read_cues(source, fmt)
+    layout: Layout = "rolling" if is_rolling(cues) else "cues"
+    words = (rolling_words(cues, drop_sound_tags) if layout == "rolling"
+             else cue_words(cues, drop_sound_tags))
+    return _long_enough(split_sentences(words, cfg)), layout
+
+
+def _long_enough(sentences: Sequence[Sentence]) -> list[Sentence]:
+    """Sentences lasting more than _MIN_SENTENCE_S: a shorter one ends later, but never after
+    the next one starts; one that still cannot last long enough joins the next."""
+    out: list[Sentence] = []
+    carry: list[Word] = []
+    for i, sentence in enumerate(sentences):
+        words = carry + sentence.words
+        carry = []
+        start = words[0].start_s
+        if words[-1].end_s - start <= _MIN_SENTENCE_S:
+            next_start = sentences[i + 1].start_s if i + 1 < len(sentences) else math.inf
+            end = min(next_start, start + _EXTEND_TO_S)
+            if end - start <= _MIN_SENTENCE_S:
+                carry = words
+                continue
+            words[-1] = replace(words[-1], end_s=max(end, words[-1].end_s))
+        out.append(Sentence(words))
+    return out
