@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import wave
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -73,3 +74,30 @@ def check_video(path: str, timeout_s: float = 120.0) -> MediaInfo:
         first = errors.splitlines()[0] if errors else f"ffmpeg exit {result.returncode}"
         raise BadInputError(f"truncated or corrupt media: {first}")
     return info
+
+
+def extract_audio(path: str, out_wav: str, sample_rate: int = 16000) -> float:
+    """Write the first audio stream of ``path`` to ``out_wav`` as mono 16-bit PCM WAV at
+    ``sample_rate`` Hz; returns the WAV's duration in seconds. A file without audio, or one
+    ffmpeg cannot decode, is bad input."""
+    info = probe(path)
+    if not info.has_audio:
+        raise BadInputError("no audio stream")
+    stream = (
+        ffmpeg.input(path)["a:0"]
+        .output(out_wav, format="wav", acodec="pcm_s16le", ac=1, ar=sample_rate)
+        .global_args("-nostdin", "-hide_banner", "-loglevel", "error")
+        .overwrite_output()
+    )
+    try:
+        stream.run(capture_stdout=True, capture_stderr=True)
+    except ffmpeg.Error as exc:
+        detail = (exc.stderr or b"").decode(errors="replace").strip().splitlines()
+        raise BadInputError(
+            f"audio extraction failed: {detail[-1] if detail else 'ffmpeg exited non-zero'}"
+        ) from None
+    try:
+        with wave.open(out_wav, "rb") as wav:
+            return wav.getnframes() / float(wav.getframerate())
+    except (OSError, EOFError, wave.Error) as exc:
+        raise BadInputError(f"audio extraction wrote an unreadable WAV: {exc}") from None

