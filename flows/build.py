@@ -7,12 +7,17 @@ tables are the results, so nothing large is held in Prefect.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.logging.handlers import APILogWorker
+from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect_dask import DaskTaskRunner
 
 from pipeline.config import Config, config_hash, dump_config, load_config
@@ -120,6 +125,31 @@ def task_runner(cfg: Config, root: str, dask_address: str | None = None) -> Dask
     )
 
 
+@contextmanager
+def prefect_api() -> Iterator[None]:
+    """Prefect's temporary local server when no API is configured, started once and shared
+    with the Dask worker processes (which inherit the environment), so that each worker does
+    not start a server of its own."""
+    if PREFECT_API_URL.value():
+        yield
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    # The server would otherwise try to reach Prefect's telemetry endpoint on every start.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    server = SubprocessASGIServer()
+    server.start()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    try:
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            yield
+    finally:
+        # Send the run's last logs while the server is still there to take them.
+        APILogWorker.drain_all()
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop()
+
+
 def run_build(
     config: str | Path | Config,
     root: str | None = None,
@@ -131,4 +161,5 @@ def run_build(
     cfg = resolve_config(config)
     chosen = _root(cfg, root)
     flow_fn = build_corpus.with_options(task_runner=task_runner(cfg, chosen, dask_address))
-    return flow_fn(cfg, root=chosen, until=until, retry_failed=retry_failed)
+    with prefect_api():
+        return flow_fn(cfg, root=chosen, until=until, retry_failed=retry_failed)

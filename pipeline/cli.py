@@ -31,6 +31,8 @@ JsonLogs = Annotated[bool, typer.Option("--json", help="Logs and results as JSON
 def _logging(quiet: bool, json_logs: bool) -> LogFormat:
     mode: LogFormat = "json" if json_logs else "quiet" if quiet else "rich"
     setup_logging(mode)
+    # Dask's cluster chatter is noise to a user; workers read this when they start.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     if mode != "rich":
         # Prefect's own run logs follow the same choice.
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -99,12 +101,26 @@ def demo(
 
 @app.command()
 def transcript(
-    file: Annotated[Path, typer.Argument(help=".vtt/.srt subtitles or a media file.")],
-    asr: Annotated[str | None, typer.Option(help="ASR backend for media files.")] = None,
-    model: Annotated[str | None, typer.Option(help="ASR model name or path.")] = None,
+    file: Annotated[Path, typer.Argument(help=".vtt/.srt subtitles or a media file.",
+                                         exists=True, dir_okay=False)],
+    asr: Annotated[str, typer.Option(help="ASR backend for media files: faster-whisper or "
+                                          "google.")] = "faster-whisper",
+    model: Annotated[str | None, typer.Option(help="ASR model name or local path.")] = None,
 ) -> None:
     """Timed sentences of FILE, one JSON object per line."""
-    _not_built("`vlcorpus transcript` (the transcribe stage)")
+    from pipeline.config import AsrConfig, TranscribeConfig
+    from pipeline.errors import SetupError, StageError
+    from pipeline.transcribe import transcript_file
+
+    setup_logging("quiet")
+    try:
+        options = AsrConfig(backend=asr, **({"model": model} if model else {}))
+        rows = transcript_file(str(file), options, TranscribeConfig())
+    except (StageError, SetupError, ValueError) as exc:
+        console.print(f"[red]{file}: {exc}[/red]", highlight=False)
+        raise typer.Exit(1) from None
+    for row in rows:
+        print(json.dumps(row, ensure_ascii=False))
 
 
 @app.command()

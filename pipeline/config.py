@@ -373,6 +373,16 @@ class SentenceConfig(BaseModel):
     pause_s: float = Field(0.7, ge=0, description="a silence this long ends a sentence")
 
 
+class QualityConfig(BaseModel):
+    """Checks on transcribed text (S-MiT kept captions of at least 5 words and 3 s of speech)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_words: int = Field(0, ge=0, description="drop sentences with fewer words")
+    min_speech_s: float = Field(0, ge=0, description="drop videos with less speech than this")
+    unique_text: bool = Field(False, description="drop a sentence already said in the video")
+
+
 class TranscribeConfig(BaseModel):
     """Subtitles or speech into timed sentences."""
 
@@ -384,6 +394,7 @@ class TranscribeConfig(BaseModel):
     )
     asr: AsrConfig = Field(default_factory=AsrConfig)
     sentences: SentenceConfig = Field(default_factory=SentenceConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
     drop_sound_tags: bool = Field(True, description="drop cues like [Music] and (applause)")
 
     @field_validator("prefer")

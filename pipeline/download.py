@@ -55,12 +55,13 @@ def ytdlp_options(cfg: Config, workdir: str, vid: str, row: dict[str, Any]) -> d
     return opts
 
 
-def _subtitle_rows(info: dict[str, Any], workdir: str) -> list[dict[str, str]]:
+def _subtitle_rows(info: dict[str, Any], workdir: str, vid: str) -> list[dict[str, str]]:
     manual = set(info.get("subtitles") or {})
     rows = []
     for lang, sub in sorted((info.get("requested_subtitles") or {}).items()):
-        path = sub.get("filepath")
-        if path and os.path.exists(path):
+        # yt-dlp reports the path before its final move into the "subtitle" template's folder.
+        path = os.path.join(workdir, "subs", f"{vid}.{lang}.{sub.get('ext', 'vtt')}")
+        if os.path.exists(path):
             rows.append({"lang": lang, "kind": "manual" if lang in manual else "auto",
                          "path": os.path.relpath(path, workdir)})
     return rows
@@ -86,7 +87,7 @@ def _fetch(row: dict[str, Any], cfg: Config, workdir: str) -> dict[str, Any]:
     with slot("download", cfg.download.concurrency):
         info = extract(row["url"], opts, download=True)
     media = _media_path(info)
-    subs = _subtitle_rows(info, workdir)
+    subs = _subtitle_rows(info, workdir, vid)
     try:
         probe = check_video(media)
     except BadInputError:

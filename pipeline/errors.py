@@ -31,6 +31,11 @@ class BadInputError(StageError):
     kind = ErrorKind.BAD_INPUT
 
 
+class SetupError(Exception):
+    """The stage cannot run at all (a missing model, package or credentials). Not an item's
+    fault: it stops the run instead of failing every item."""
+
+
 # Errors of the machine rather than of the item: retrying later may succeed.
 _TRANSIENT_ERRNOS = {errno.ENOSPC, errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET}
 

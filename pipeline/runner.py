@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import pyarrow.dataset as ds
 
-from pipeline.errors import ErrorKind, classify
+from pipeline.errors import ErrorKind, SetupError, classify
 from pipeline.ids import batch_name
 from pipeline.progress import Counter, log
 from pipeline.storage import Corpus
@@ -107,6 +107,8 @@ def per_item(fn: Callable[[Item, StageContext], list[dict[str, Any]]]) -> Proces
         for item in items:
             try:
                 outcomes.append(Outcome(item.key, rows=fn(item, ctx)))
+            except SetupError:
+                raise
             except Exception as exc:  # noqa: BLE001 - every failure becomes an errors row
                 kind, message = classify(exc)
                 log.warning("%s failed (%s): %s", item.key, kind, message)
@@ -211,6 +213,8 @@ def _process_guarded(stage: Stage, items: Sequence[Item], ctx: StageContext) -> 
     """A batch function that raises fails every item of the batch, not the run."""
     try:
         outcomes = stage.process(items, ctx)
+    except SetupError:
+        raise
     except Exception as exc:  # noqa: BLE001 - recorded per item below
         kind, message = classify(exc)
         log.warning("%s: batch failed (%s): %s", stage.name, kind, message)

