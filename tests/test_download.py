@@ -99,3 +99,23 @@ def test_remote_root_gets_files_uploaded(demo_corpus, memory_root):
     row = ctx.corpus.read("downloads").to_pylist()[0]
     assert ctx.corpus.fs.size(ctx.corpus.path(row["media_path"])) == row["bytes"]
     assert ctx.corpus.fs.cat(ctx.corpus.path(row["subtitles"][0]["path"])).startswith(b"WEBVTT")
+
+
+@pytest.mark.slow
+def test_folder_media_is_checked_in_place_with_sidecars(demo_corpus, tmp_path):
+    _, site = demo_corpus
+    folder = tmp_path / "on-disk"
+    folder.mkdir()
+    (folder / "tour.mp4").write_bytes((site / "media" / "tour-0.mp4").read_bytes())
+    (folder / "tour.en.vtt").write_bytes((site / "subs" / "tour-0.en.vtt").read_bytes())
+    (folder / "cut.mp4").write_bytes((site / "media" / "broken.mp4").read_bytes())
+    cfg = _cfg([{"type": "folder", "path": str(folder)}])
+    ctx = context(Corpus(str(tmp_path / "corpus")), cfg)
+    discover(ctx)
+    report = run_stage(download.STAGE, ctx, batch_size=4)
+    assert (report.ok, report.errors) == (1, {"bad_input": 1})
+    row = ctx.corpus.read("downloads").to_pylist()[0]
+    assert row["media_path"] == str(folder / "tour.mp4")  # referenced, not copied
+    assert row["subtitles"] == [{"lang": "en", "kind": "manual",
+                                 "path": str(folder / "tour.en.vtt")}]
+    assert (folder / "cut.mp4").exists()  # the user's own files are never deleted

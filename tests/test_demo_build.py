@@ -1,0 +1,50 @@
+"""`vlcorpus demo` end to end: generated site, Prefect flow on a local multi-process Dask
+cluster, summary, and a valid corpus; a second run resumes and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import require_binaries
+from pipeline.storage import Corpus
+from pipeline.validate import validate
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _demo(root, port: int) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "demo", "--root", str(root), "--videos", "2",
+         "--port", str(port), "--json"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_demo_builds_a_valid_corpus_and_resumes(tmp_path):
+    require_binaries("ffmpeg", "ffprobe", "espeak-ng")
+    # Generic video ids include the page URL, so both runs serve on the same port.
+    port = _free_port()
+    first = _demo(tmp_path, port)
+    assert first["tables"]["videos"] == 4  # 2 videos + the broken and the gone page
+    assert first["tables"]["downloads"] == 2
+    assert first["tables"]["segments"] > 4
+    assert first["errors"] == {"download": {"bad_input": 1, "permanent": 1}}
+    corpus = Corpus(str(tmp_path / "corpus"))
+    assert validate(corpus) == []
+    before = {t: corpus.read(t).num_rows for t in corpus.tables()}
+    second = _demo(tmp_path, port)
+    assert second["stages"]["download"]["items"] == 0
+    assert second["stages"]["transcribe"]["items"] == 0
+    assert {t: corpus.read(t).num_rows for t in corpus.tables()} == before
