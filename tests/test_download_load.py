@@ -33,8 +33,6 @@ def test_200_videos_through_a_flaky_server(tmp_path):
         ctx = context(Corpus(str(tmp_path / "corpus")), cfg)
         assert discover(ctx).added == 200
         first = run_stage(download.STAGE, ctx, cfg.execution.batch_size)
-        first_stats = (stats.max_in_flight, stats.throttled, stats.dropped)
-
         assert first.items == 200
         assert stats.max_in_flight <= 4, f"{stats.max_in_flight} requests in flight, limit 4"
         assert stats.throttled > 0 and stats.dropped > 0  # the server did misbehave
