@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -26,11 +26,12 @@ from pipeline.storage import Corpus
 
 @dataclass(frozen=True)
 class Item:
-    """One unit of work: its key and the input rows (or payload) the stage needs for it."""
+    """One unit of work: its key, its input rows, and context from other tables."""
 
     key: str
     rows: tuple[dict[str, Any], ...] = ()
     attempts_before: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Outcome:
     rows: list[dict[str, Any]] = field(default_factory=list)
     kind: ErrorKind | None = None
     message: str = ""
+    stats: dict[str, int] = field(default_factory=dict)  # e.g. drop reasons, kept with the batch
 
     @property
     def ok(self) -> bool:
@@ -99,14 +101,20 @@ class Stage:
     process: Process
 
 
-def per_item(fn: Callable[[Item, StageContext], list[dict[str, Any]]]) -> Process:
-    """Lift a one-item function to a batch function; its exceptions become failed outcomes."""
+ItemFn = Callable[[Item, StageContext], "list[dict[str, Any]] | Outcome"]
+
+
+def per_item(fn: ItemFn) -> Process:
+    """Lift a one-item function (returning rows, or an Outcome with stats) to a batch
+    function; its exceptions become failed outcomes."""
 
     def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
         outcomes = []
         for item in items:
             try:
-                outcomes.append(Outcome(item.key, rows=fn(item, ctx)))
+                result = fn(item, ctx)
+                outcomes.append(result if isinstance(result, Outcome)
+                                else Outcome(item.key, rows=result))
             except SetupError:
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure becomes an errors row
@@ -185,7 +193,7 @@ def plan(
         elif item.key in failed:
             report.skipped_failed += 1
         elif item.key not in todo:
-            todo[item.key] = Item(item.key, item.rows, attempts[item.key])
+            todo[item.key] = replace(item, attempts_before=attempts[item.key])
     ordered = [todo[k] for k in sorted(todo)]
     batches = [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
     return batches, report
@@ -255,13 +263,16 @@ def commit(
         corpus.write_batch("errors", error_rows, name)
     rows: list[dict[str, Any]] = []
     done: dict[str, int] = {}
+    stats: dict[str, dict[str, int]] = {}
     for item in items:
         outcome = outcomes[item.key]
         if outcome.ok:
             rows.extend(outcome.rows)
             done[item.key] = len(outcome.rows)
+            if outcome.stats:
+                stats[item.key] = outcome.stats
     if done:
-        corpus.write_batch(stage.output, rows, name, done=done)
+        corpus.write_batch(stage.output, rows, name, done=done, stats=stats)
     report.ok = len(done)
     report.rows = len(rows)
     return report

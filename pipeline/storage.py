@@ -12,6 +12,7 @@ import json
 import posixpath
 import uuid
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import fsspec
 import pyarrow as pa
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 from schemas.tables import schema_for
 
 MANIFEST_KEY = b"vlcorpus.done"
+STATS_KEY = b"vlcorpus.stats"
 TMP_PREFIX = ".tmp-"
 
 
@@ -82,14 +84,18 @@ class Corpus:
         rows: list[dict] | pa.Table,
         name: str,
         done: Mapping[str, int] | None = None,
+        stats: Mapping[str, Mapping[str, int]] | None = None,
     ) -> str:
         """Commit one batch as ``<table>/<name>.parquet``: validated, written to a temporary
         name, then renamed, so readers never see half a batch. ``done`` maps each completed
-        item key to its number of rows (items may produce none)."""
+        item key to its number of rows (items may produce none); ``stats`` holds per-item
+        counters (such as drop reasons) that travel atomically with the rows."""
         data = rows_to_table(table, rows)
         metadata = dict(data.schema.metadata or {})
         if done is not None:
             metadata[MANIFEST_KEY] = json.dumps(dict(sorted(done.items()))).encode()
+        if stats:
+            metadata[STATS_KEY] = json.dumps(dict(sorted(stats.items()))).encode()
         data = data.replace_schema_metadata(metadata)
         directory = self.path(table)
         self.fs.makedirs(directory, exist_ok=True)
@@ -164,12 +170,24 @@ class Corpus:
     ) -> pa.Table:
         return self.dataset(table).to_table(columns=columns, filter=filter)
 
-    def file_manifest(self, path: str) -> dict[str, int] | None:
-        """The batch manifest of one committed file, read from its footer only."""
+    def _footer(self, path: str, key: bytes) -> Any:
         with self.fs.open(path, "rb") as handle:
             metadata = pq.read_metadata(handle).metadata or {}
-        raw = metadata.get(MANIFEST_KEY)
+        raw = metadata.get(key)
         return None if raw is None else json.loads(raw)
+
+    def file_manifest(self, path: str) -> dict[str, int] | None:
+        """The batch manifest of one committed file, read from its footer only."""
+        return self._footer(path, MANIFEST_KEY)
+
+    def stats(self, table: str) -> dict[str, int]:
+        """Per-item counters of every batch of ``table``, summed (e.g. drop reasons)."""
+        totals: dict[str, int] = {}
+        for path in self.table_files(table):
+            for counters in (self._footer(path, STATS_KEY) or {}).values():
+                for name, n in counters.items():
+                    totals[name] = totals.get(name, 0) + n
+        return dict(sorted(totals.items()))
 
     def done(self, table: str) -> dict[str, int]:
         """Every item key completed into ``table``, with its row count."""

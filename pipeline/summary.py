@@ -20,7 +20,10 @@ def summarize(corpus: Corpus) -> dict[str, Any]:
         counts = data.group_by(["stage", "kind"]).aggregate([("item_id", "count_distinct")])
         for row in sorted(counts.to_pylist(), key=lambda r: (r["stage"], r["kind"])):
             errors.setdefault(row["stage"], {})[row["kind"]] = row["item_id_count_distinct"]
-    return {"root": corpus.url, "tables": tables, "errors": errors}
+    # Per-item counters kept with the batches, e.g. align's drop reasons.
+    counters = {name: corpus.stats(name) for name in tables if name != "errors"}
+    return {"root": corpus.url, "tables": tables, "errors": errors,
+            "counters": {name: c for name, c in counters.items() if c}}
 
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
@@ -31,6 +34,13 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     for name, n in summary["tables"].items():
         rows.add_row(name, str(n))
     console.print(rows)
+    for table, counts in summary.get("counters", {}).items():
+        extra = Table(title=f"{table}: counters")
+        extra.add_column("counter")
+        extra.add_column("n", justify="right")
+        for name, n in counts.items():
+            extra.add_row(name, str(n))
+        console.print(extra)
     if summary["errors"]:
         errs = Table(title="errors by stage and kind")
         errs.add_column("stage")
