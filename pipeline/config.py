@@ -561,7 +561,8 @@ class ParquetShardConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
-    row_group_size: int = Field(1024, gt=0)
+    row_group_size: int = Field(1024, gt=0, description="rows per row group, for readers")
+    rows_per_file: int = Field(100_000, gt=0, description="rows per part file")
 
 
 class ShardsConfig(BaseModel):

@@ -33,3 +33,9 @@ def batch_name(keys: list[str]) -> str:
     """Name of a committed batch, derived from its keys so a rerun replaces it."""
     digest = hashlib.sha1("\n".join(sorted(keys)).encode("utf-8")).hexdigest()
     return digest[:20]
+
+
+def feature_key(extractor: str) -> str:
+    """A feature extractor's name as used in table paths and shard members (``text:bert`` ->
+    ``text_bert``)."""
+    return safe_id(extractor)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
-from pipeline import align, discover, download, transcribe
+from pipeline import align, discover, download, shards, transcribe
 from pipeline.config import Config
 from pipeline.runner import RetryPolicy, Stage, StageContext
 from pipeline.storage import Corpus
@@ -38,6 +38,7 @@ BUILT: dict[str, Callable[[Config], list[Stage | Step]]] = {
     "download": lambda cfg: [download.STAGE],
     "transcribe": lambda cfg: [transcribe.STAGE],
     "align": lambda cfg: [align.STAGE],
+    "shard": lambda cfg: [Step("shard", shards.write_shards)],
 }
 
 

@@ -142,6 +142,16 @@ ERRORS = _schema(
     ],
 )
 
+def shard_schema(feature_keys: list[str]) -> pa.Schema:
+    """Parquet shards: the clips columns (but ``split``, which is the hive partition of the
+    folder), then per feature extractor its flattened float16 values and their shape."""
+    fields = [f for f in CLIPS if f.name != "split"]
+    for key in sorted(feature_keys):
+        fields.append(pa.field(key, pa.list_(pa.float16())))
+        fields.append(pa.field(f"{key}_shape", pa.list_(pa.int32())))
+    return _schema("shards", "clip_id", fields)
+
+
 TABLES: dict[str, pa.Schema] = {
     "videos": VIDEOS,
     "downloads": DOWNLOADS,

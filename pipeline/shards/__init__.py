@@ -1,0 +1,85 @@
+"""Training-ready shards, and readers for training code elsewhere.
+
+    from pipeline.shards import open_webdataset, open_parquet
+    for sample in open_webdataset("corpus/shards/webdataset", features=["resnet34"]):
+        sample["clip_id"], sample["text"], sample["features"]["resnet34"]  # numpy [T, 512]
+    dataset = open_parquet("corpus/shards/parquet")   # a pyarrow dataset, split as a column
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterable
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow.dataset as ds
+
+from pipeline.config import Config
+from pipeline.ids import feature_key
+from pipeline.runner import StageContext
+from pipeline.shards.parquet import write_parquet
+from pipeline.shards.webdataset import write_webdataset
+
+
+def write_shards(ctx: StageContext) -> dict[str, Any]:
+    """The shard stage: WebDataset and Parquet shards for every clip not yet sharded."""
+    cfg: Config = ctx.config
+    report: dict[str, Any] = {}
+    if cfg.shards.webdataset.enabled:
+        report["webdataset"] = write_webdataset(ctx.corpus, cfg)
+    if cfg.shards.parquet.enabled:
+        report["parquet"] = write_parquet(ctx.corpus, cfg)
+    return report
+
+
+def shard_urls(url: str, split: str | None = None) -> list[str]:
+    """Shard files of a WebDataset folder (from its index.json), or ``url`` itself when it
+    names shards already (a .tar file or a brace pattern)."""
+    if url.endswith(".tar") or "{" in url:
+        return [url]
+    with fsspec.open(posixpath.join(url, "index.json"), "rt") as handle:
+        index = json.load(handle)
+    return [posixpath.join(url, s["name"]) for s in index["shards"]
+            if split is None or s["split"] == split]
+
+
+def _sample(raw: dict[str, Any], keys: Iterable[str] | None) -> dict[str, Any]:
+    features = {}
+    for member, value in raw.items():
+        if member.endswith(".npy"):
+            name = member[: -len(".npy")]
+            if keys is None or name in keys:
+                features[name] = value
+    out = {"clip_id": raw["__key__"], "json": raw["json"], "text": raw["txt"],
+           "features": features}
+    if "mp4" in raw:
+        out["mp4"] = raw["mp4"]
+    return out
+
+
+def open_webdataset(url: str, features: list[str] | None = None, split: str | None = None,
+                    shuffle: int = 0) -> Any:
+    """A ``webdataset`` pipeline over a corpus's shards yielding dicts: clip_id, json (dict),
+    text, features ({extractor: numpy array}), mp4 (bytes, when the shards have media)."""
+    import webdataset as wds
+
+    keys = None if features is None else {feature_key(f) for f in features}
+    urls = shard_urls(url, split)
+    pipeline = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+    if shuffle:
+        pipeline = pipeline.shuffle(shuffle)
+    return pipeline.decode().map(lambda raw: _sample(raw, keys))
+
+
+def open_parquet(url: str) -> ds.Dataset:
+    """The Parquet shards as a pyarrow dataset (``split`` comes from the folder names)."""
+    return ds.dataset(url, format="parquet", partitioning="hive",
+                      exclude_invalid_files=False, ignore_prefixes=[".", "_", "index.json"])
+
+
+def feature_array(values: Any, shape: list[int]) -> np.ndarray:
+    """A Parquet shard's flattened feature column value back as its float16 array."""
+    return np.asarray(values, dtype=np.float16).reshape(shape)
