@@ -1,0 +1,108 @@
+"""Speed of frame sampling: one PyAV pass per video against one ffmpeg process per clip.
+
+150 clips (2-5 s, seeded) of a 10-minute 854x480 25 fps H.264 video (ultrafast, keyframe every
+250 frames), each wanting frames at 2 fps, short side 256, centre crop 224 (the WAL setting).
+Prints (a) `sample_frames` for all clips in one pass, (b) one ffmpeg process per clip (seek,
+fps, scale, crop, raw RGB into numpy), (c) a plain full decode (`ffmpeg -i v.mp4 -f null -`),
+and the ratios (b)/(a) (higher is better) and (a)/(c) (the cost over decoding everything).
+Each is the best of --repeats rounds, taken in turns (shared machines are noisy).
+Usage: python bench/frames.py [--video PATH] [--clips 150] [--threads 0] [--seed 0] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+from pipeline.media import FrameRequest, FrameSpec, probe, sample_frames
+
+SPEC = FrameSpec(fps=2, short_side=256, crop=224)
+
+
+def make_video(path: str, seconds: int = 600) -> None:
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi",
+                    "-i", f"testsrc2=s=854x480:r=25:d={seconds}", "-c:v", "libx264", "-preset", "ultrafast",
+                    "-g", "250", "-pix_fmt", "yuv420p", path], check=True)
+
+
+def make_clips(duration_s: float, count: int, seed: int) -> list[FrameRequest]:
+    rng = random.Random(seed)
+    clips = []
+    for i in range(count):
+        length = rng.uniform(2.0, 5.0)
+        start = rng.uniform(0.0, duration_s - length)
+        clips.append(FrameRequest(f"clip{i:03d}", start, start + length, SPEC))
+    return clips
+
+
+def one_pass(path: str, clips: list[FrameRequest], threads: int) -> int:
+    frames = 0
+    for key, result in sample_frames(path, clips, threads=threads):
+        if isinstance(result, Exception):
+            raise SystemExit(f"{key}: {result}")
+        frames += len(result)
+    return frames
+
+
+def per_clip(path: str, clips: list[FrameRequest]) -> int:
+    short, crop = SPEC.short_side, SPEC.crop
+    scale = f"scale='if(lt(iw,ih),{short},-2)':'if(lt(iw,ih),-2,{short})'"
+    frames = 0
+    for clip in clips:
+        out = subprocess.run(
+            ["ffmpeg", "-nostdin", "-v", "error", "-ss", f"{clip.start_s:.3f}",
+             "-t", f"{clip.end_s - clip.start_s:.3f}", "-i", path,
+             "-vf", f"fps={SPEC.fps},{scale},crop={crop}:{crop}", "-f", "rawvideo", "-pix_fmt", "rgb24", "-"],
+            check=True, capture_output=True).stdout
+        frames += len(np.frombuffer(out, np.uint8).reshape(-1, crop, crop, 3))
+    return frames
+
+
+def full_decode(path: str) -> None:
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-i", path, "-f", "null", "-"], check=True)
+
+
+def timed(fn, *args) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn(*args)
+    return time.perf_counter() - start, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--video", help="use this video instead of generating one")
+    parser.add_argument("--clips", type=int, default=150)
+    parser.add_argument("--threads", type=int, default=0, help="decoder threads (0: FFmpeg's choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.video
+        if path is None:
+            path = os.path.join(tmp, "v.mp4")
+            print("generating a 10-minute 854x480 video ...", flush=True)
+            make_video(path)
+        info = probe(path)
+        clips = make_clips(info.duration_s, args.clips, args.seed)
+        covered = sum(c.end_s - c.start_s for c in clips)
+        print(f"video {info.width}x{info.height} {info.fps:g} fps {info.duration_s:.0f}s; {len(clips)} clips "
+              f"({covered:.0f}s in all), 2 fps, short side 256, crop 224; {os.cpu_count()} CPUs")
+        full_decode(path)  # warm the page cache
+        rounds = [(timed(one_pass, path, clips, args.threads), timed(per_clip, path, clips),
+                   timed(full_decode, path)) for _ in range(args.repeats)]
+        (t_a, n_a), (t_b, n_b), (t_c, _) = (min(times) for times in zip(*rounds))
+        print(f"best of {args.repeats} rounds:")
+        print(f"(a) sample_frames, one pass       {t_a:7.2f}s  {n_a} frames")
+        print(f"(b) one ffmpeg process per clip   {t_b:7.2f}s  {n_b} frames")
+        print(f"(c) full decode, ffmpeg -f null   {t_c:7.2f}s")
+        print(f"(b)/(a) = {t_b / t_a:.1f}x faster (goal >= 5)   (a)/(c) = {t_a / t_c:.2f} (goal <= 1.5)")
+
+
+if __name__ == "__main__":
+    main()
