@@ -244,18 +244,30 @@ def _decoded(container: av.container.InputContainer, stream: av.VideoStream,
     keyframe before the next wanted time, when the index shows one well ahead of us."""
     offset = (container.start_time or 0) / 1e6  # the time origin ffmpeg and ffprobe use
     base = float(stream.time_base)
+    position = float("-inf")  # time of the newest frame handed out
+    seeking = True
+    seeked_from: float | None = None
     while True:
         jumped = False
         for frame in container.decode(stream):
             if frame.pts is None:
                 continue
             time_s = frame.pts * base - offset
+            if seeked_from is not None:
+                # A seek that lands at or before where we were (the index lists decode times,
+                # and a keyframe shows a little later) gains nothing: read straight on.
+                seeking = seeking and time_s > seeked_from
+                seeked_from = None
+            if time_s <= position:
+                continue
+            position = time_s
             yield time_s, frame
             wanted = next_time()
             if wanted is None:
                 return
-            if wanted - time_s > SEEK_MIN_S and _seek_ahead(container, stream, time_s + offset,
-                                                           wanted + offset):
+            if seeking and wanted - time_s > SEEK_MIN_S and _seek_ahead(
+                    container, stream, time_s + offset, wanted + offset):
+                seeked_from = time_s
                 jumped = True
                 break
         if not jumped:
@@ -270,9 +282,13 @@ def _seek_ahead(container: av.container.InputContainer, stream: av.VideoStream,
         return False
     base = float(stream.time_base)
     index = entries.search_timestamp(int(target / base), backward=True)
+    # The index lists every packet; decoding can only restart at a keyframe.
+    while index >= 0 and not entries[index].is_keyframe:
+        index -= 1
     if index < 0 or entries[index].timestamp * base <= now + SEEK_MIN_S:
         return False
-    container.seek(entries[index].timestamp, stream=stream, backward=True)
+    # Seek by display time: ffmpeg lands on the last keyframe shown at or before ``target``.
+    container.seek(int(target / base), stream=stream, backward=True)
     return True
 
 

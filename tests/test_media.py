@@ -270,3 +270,19 @@ def test_bad_cut_arguments_raise(videos, tmp_path):
         cut_clips(videos["colours"], [ClipCut("a", 2.0, 1.0, str(tmp_path / "a.mp4"))])
     with pytest.raises(ValueError):
         cut_clips(videos["colours"], [ClipCut("a", 0.0, 1.0, str(tmp_path / "a.mp4"))], height=121)
+
+
+def test_seeking_ahead_with_b_frames_makes_progress(tmp_path):
+    """An mp4's index lists every packet by decode time, and with B-frames a keyframe is shown
+    a little after it is decoded: seeking to an index time lands on the keyframe before, which
+    once made the sampler seek back to it forever. Keyframes every 2 s, as in the demo."""
+    path = tmp_path / "gop50.mp4"
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i",
+                    "testsrc=size=160x120:rate=25:duration=20", "-c:v", "libx264",
+                    "-g", "50", "-bf", "2", "-pix_fmt", "yuv420p", str(path)], check=True)
+    requests = [FrameRequest(f"c{i}", 2.0 + i * 4, 4.5 + i * 4, FrameSpec(frames=1, short_side=120,
+                                                                      crop=None))
+                for i in range(4)]
+    out = dict(sample_frames(str(path), requests))
+    assert sorted(out) == ["c0", "c1", "c2", "c3"]
+    assert all(v.shape == (1, 120, 160, 3) for v in out.values())
