@@ -30,10 +30,9 @@ from pydantic.fields import FieldInfo
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.json"
 
-VISUAL_EXTRACTORS = ("resnet34", "resnet50", "resnet152", "tsm_r50", "s3d", "s3d_howto100m")
+VISUAL_EXTRACTORS = ("resnet34", "resnet50", "resnet152", "tsm_r50", "s3d", "s3d_howto100m",
+                     "s3d_howto100m:mixed_5c")
 TEXT_PREFIX = "text:"
-# Extractors with a text tower, usable as `train.text` besides `text:<model>`.
-TEXT_TOWER_EXTRACTORS = ("s3d_howto100m",)
 
 _LIST_SUFFIXES: dict[str, Literal["txt", "csv", "parquet"]] = {
     ".txt": "txt",
@@ -511,8 +510,9 @@ class FeaturesConfig(BaseModel):
         "auto", description="auto: bf16 on GPUs that have it, else fp16 on GPU, fp32 on CPU"
     )
     compile: bool = False
-    decode_workers: int = Field(2, ge=0, description="decoders running ahead; 0: inline")
-    queue_size: int = Field(8, ge=1, description="decoded batches waiting for the model")
+    decode_workers: int = Field(2, ge=1, description="threads decoding videos ahead of the model")
+    queue_size: int = Field(8, ge=1, description="decoded clips waiting for the model")
+    clips_per_commit: int = Field(256, ge=1, description="clips per committed batch")
 
     @model_validator(mode="after")
     def _unique_names(self) -> "FeaturesConfig":
@@ -723,10 +723,10 @@ class Config(BaseModel):
                 )
             elif key == "visual" and extractor.is_text:
                 problems.append((("train", key), f"{name!r} is a text extractor"))
-            elif key == "text" and not (extractor.is_text or name in TEXT_TOWER_EXTRACTORS):
+            elif key == "text" and not extractor.is_text:
                 problems.append(
                     (("train", key), f"{name!r} has no text output; use a {TEXT_PREFIX}<model> "
-                     f"extractor or one of {', '.join(TEXT_TOWER_EXTRACTORS)}")
+                     f"extractor (text:s3d_howto100m for the MIL-NCE text tower)")
                 )
         return problems
 

@@ -1,0 +1,213 @@
+"""The two extractor interfaces the featurize stage drives, and the torch plumbing every visual
+extractor shares: device and precision choice, the frame spec, batching and normalisation.
+
+A visual extractor works in two steps so decoding and the model overlap:
+
+    clip = extractor.prepare(frames)        # decode worker thread: uint8 [T, H, W, 3] -> CPU tensor
+    feats = extractor.run([clip, ...])      # model thread: one batched forward, [T, D] or [D] each
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+# The functions torchvision's weight transforms (ImageClassification) call: same pixels exactly.
+from torchvision.transforms import functional as TF
+
+from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
+from pipeline.errors import SetupError
+from pipeline.media import FrameSpec
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+# How a visual model takes its input: "frames" sees every frame as an image (the frames of all
+# clips of a batch go through as one batch), "clip" sees each clip as one [3, T, H, W] volume.
+Layout = Literal["frames", "clip"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class VisualExtractor(abc.ABC):
+    """Features of video clips. ``prepare`` runs in decode worker threads, ``run`` in the
+    thread that owns the model."""
+
+    name: str  # config name, e.g. "resnet34"
+    weights_id: str  # what the rows record: "torchvision:<Enum>.<member>", "file:<name>#<sha12>", "none"
+    dim: int  # feature size D
+    spec: FrameSpec  # the frames this extractor wants
+    pooled: bool  # True: one [D] vector per clip; False: [T, D]
+    device: torch.device
+
+    @abc.abstractmethod
+    def prepare(self, frames: np.ndarray) -> torch.Tensor:
+        """One clip's uint8 [T, H, W, 3] RGB frames as the CPU tensor ``run`` takes. Cheap and
+        thread-safe."""
+
+    @abc.abstractmethod
+    def run(self, clips: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Features of prepared clips, in input order: float32 CPU tensors, [T, D] per clip or
+        [D] when ``pooled``."""
+
+
+class TextExtractor(abc.ABC):
+    """Features of sentences."""
+
+    name: str  # config name, e.g. "text:bert-base-uncased"
+    weights_id: str
+    dim: int
+    keep_tokens: bool  # True: [K, D] per text (its K real tokens) instead of [D]
+
+    @abc.abstractmethod
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """float32 [D] per text (mean over its real tokens), or [K, D] when ``keep_tokens``."""
+
+
+def pick_device(choice: str) -> torch.device:
+    """``"auto"``: the GPU when there is one, else the CPU. Asking for a GPU that is not there is
+    a setup error: silently running on the CPU would take days instead of hours."""
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(choice)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SetupError(f"features.device is {choice!r} but torch sees no CUDA device")
+    return device
+
+
+def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:
+    """The autocast dtype for ``precision`` on ``device``; None: plain fp32. Reduced precision
+    is for GPUs only: on the CPU it is slow and changes the features for nothing."""
+    if device.type != "cuda" or precision == "fp32":
+        return None
+    if precision == "auto":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+    return torch.bfloat16 if precision == "bf16" else torch.float16
+
+
+@contextlib.contextmanager
+def inference(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
+    """No autograd, and autocast to ``dtype`` when one is given."""
+    with torch.inference_mode():
+        if dtype is None:
+            yield
+        else:
+            with torch.autocast(device.type, dtype=dtype):
+                yield
+
+
+def frame_spec(cfg: ExtractorConfig, frames: FramesConfig, *, fps: float | None = None,
+               count: int | None = None) -> FrameSpec:
+    """The extractor's FrameSpec: the config's fps/frames when set, else the model's default
+    (one of ``fps`` and ``count``); sizes from the extractor config, else the shared frames config.
+
+    With both fps and frames set, the spec asks for ``frames`` spread over the clip: clips cut
+    to frames/fps seconds (HowTo100M's 3.2 s, S-MiT's 3 s) then get exactly that rate.
+    """
+    short_side = cfg.short_side or frames.short_side
+    crop = cfg.crop or frames.crop
+    if crop > short_side:
+        raise SetupError(f"{cfg.name}: crop {crop} is larger than short side {short_side}")
+    if cfg.frames is not None:
+        return FrameSpec(frames=cfg.frames, short_side=short_side, crop=crop)
+    if cfg.fps is not None:
+        return FrameSpec(fps=cfg.fps, short_side=short_side, crop=crop)
+    return FrameSpec(fps=fps, frames=count, short_side=short_side, crop=crop)
+
+
+def fit_frames(clip: torch.Tensor, spec: FrameSpec) -> torch.Tensor:
+    """uint8 [T, H, W, 3] frames at the spec's size. Frames from ``sample_frames`` already are,
+    and pass untouched; others are resized (short side, antialiased bilinear) and centre
+    cropped the way torchvision's classification transforms do."""
+    height, width = clip.shape[1:3]
+    if spec.crop is not None and (height, width) == (spec.crop, spec.crop):
+        return clip
+    if spec.crop is None and min(height, width) == spec.short_side:
+        return clip
+    chw = clip.permute(0, 3, 1, 2)
+    if min(height, width) != spec.short_side:
+        chw = TF.resize(chw, [spec.short_side], antialias=True)
+    if spec.crop is not None:
+        chw = TF.center_crop(chw, [spec.crop, spec.crop])
+    return chw.permute(0, 2, 3, 1).contiguous()
+
+
+class TorchVisualExtractor(VisualExtractor):
+    """A visual extractor around one torch module that maps normalised float input
+    ([N, 3, H, W] for layout "frames", [N, 3, T, H, W] for "clip") to features ([N, D]; with
+    layout "frames" and ``pooled``, the module pools each clip's frames itself, so N counts clips).
+
+    Clips stay uint8 [T, H, W, 3] until they are on the device: a quarter of the bytes to move,
+    and the permuted view is already channels-last, the layout convolutions run fastest in on
+    GPUs. Conversion to float and normalisation happen on the device.
+    """
+
+    def __init__(self, *, name: str, weights_id: str, dim: int, spec: FrameSpec, pooled: bool,
+                 layout: Layout, model: nn.Module, features: FeaturesConfig,
+                 mean: Sequence[float] | None = IMAGENET_MEAN,
+                 std: Sequence[float] | None = IMAGENET_STD) -> None:
+        self.name = name
+        self.weights_id = weights_id
+        self.dim = dim
+        self.spec = spec
+        self.pooled = pooled
+        self.layout = layout
+        self.device = pick_device(features.device)
+        self.dtype = autocast_dtype(self.device, features.precision)
+        self.memory_format = None
+        if self.device.type == "cuda":
+            self.memory_format = torch.channels_last if layout == "frames" else torch.channels_last_3d
+        model = model.eval().requires_grad_(False).float().to(self.device, memory_format=self.memory_format)
+        self.model: nn.Module = torch.compile(model) if features.compile else model
+        shape = (1, 3, 1, 1) if layout == "frames" else (1, 3, 1, 1, 1)
+        self.mean = None if mean is None else torch.tensor(mean, device=self.device).view(shape)
+        self.std = None if std is None else torch.tensor(std, device=self.device).view(shape)
+
+    def prepare(self, frames: np.ndarray) -> torch.Tensor:
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames):
+            raise ValueError(f"{self.name}: expected uint8 [T, H, W, 3] frames, got {frames.dtype} "
+                             f"{list(frames.shape)}")
+        clip = self.adjust(fit_frames(torch.from_numpy(np.ascontiguousarray(frames)), self.spec))
+        # Pinned memory lets run() copy to the GPU asynchronously.
+        return clip.pin_memory() if self.device.type == "cuda" else clip
+
+    def adjust(self, clip: torch.Tensor) -> torch.Tensor:
+        """Model-specific checks or fixes of a clip at the spec's size (e.g. segment count)."""
+        return clip
+
+    def run(self, clips: list[torch.Tensor]) -> list[torch.Tensor]:
+        # Only same-shaped input batches together: frames of one size, or clips of one shape
+        # (clip lengths vary when the spec samples at an fps).
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, clip in enumerate(clips):
+            key = tuple(clip.shape[1:] if self.layout == "frames" else clip.shape)
+            groups.setdefault(key, []).append(i)
+        out: list[torch.Tensor] = [torch.empty(0)] * len(clips)
+        for indices in groups.values():
+            batch = [clips[i] for i in indices]
+            features = self._forward(batch)
+            if self.layout == "frames" and not self.pooled:
+                parts = torch.split(features, [len(c) for c in batch])
+            else:
+                parts = features.unbind(0)
+            for i, part in zip(indices, parts):
+                out[i] = part
+        return out
+
+    def _forward(self, batch: list[torch.Tensor]) -> torch.Tensor:
+        with inference(self.device, self.dtype):
+            moved = [clip.to(self.device, non_blocking=True) for clip in batch]
+            if self.layout == "frames":
+                x = torch.cat(moved).permute(0, 3, 1, 2)  # [sum T, 3, H, W]
+            else:
+                x = torch.stack(moved).permute(0, 4, 1, 2, 3)  # [N, 3, T, H, W]
+            if self.memory_format is None:
+                x = x.contiguous()
+            x = x.float().div_(255)
+            if self.mean is not None:
+                x = x.sub_(self.mean).div_(self.std)
+            return self.model(x).float().cpu()

@@ -1,0 +1,157 @@
+"""Where model weights come from, and what a row records about them.
+
+Every extractor takes ``weights`` from its config: ``"default"`` (the published weights, from
+the local cache only: a build never downloads mid-run), ``"none"`` (random, seeded, so two runs
+agree) or a local file. A weight file that is missing, unreadable or does not fit the model is
+a ``WeightsError`` naming the file and how to get it: never a silent fallback to random init.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+from urllib.parse import urlparse
+
+import torch
+from torch import nn
+from torchvision.models import get_weight
+from torchvision.models._api import WeightsEnum
+
+from pipeline.errors import SetupError
+from pipeline.progress import log
+
+SEED = 0  # random init ("none") is seeded: the same config gives the same features
+M = TypeVar("M", bound=nn.Module)
+
+
+class WeightsError(SetupError):
+    """Weights that cannot be used: a missing, unreadable or mismatched file. It stops the run:
+    every item would fail the same way."""
+
+
+def random_init(name: str, build: Callable[[], M]) -> M:
+    """``build()`` with the global RNG seeded, then restored (other users of it are untouched)."""
+    log.warning("%s: weights none: random initialisation (seed %d); its features carry no meaning",
+                name, SEED)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        return build()
+
+
+def on_meta(build: Callable[[], M]) -> M:
+    """``build()`` without allocating or initialising parameters: the weights replace them."""
+    with torch.device("meta"):
+        return build()
+
+
+def file_id(path: str, label: str | None = None) -> str:
+    """``file:<label or basename>#<first 12 hex of sha256>``: names the exact file a row came from."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return f"file:{label or os.path.basename(path)}#{digest.hexdigest()[:12]}"
+
+
+def read_state_dict(name: str, path: str, how_to_get: str = "") -> dict[str, torch.Tensor]:
+    """The tensors of a weight file: a plain state dict, or a training checkpoint holding one
+    under ``state_dict`` or ``model``. Only tensors and plain containers are unpickled."""
+    if not os.path.isfile(path):
+        raise WeightsError(f"{name}: weight file {path} does not exist{how_to_get}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many kinds for a corrupt or foreign file
+        raise WeightsError(f"{name}: cannot read weight file {path}: {type(exc).__name__}: {exc}") from None
+    while isinstance(obj, Mapping) and not _is_state_dict(obj):
+        inner = obj.get("state_dict", obj.get("model"))
+        if not isinstance(inner, Mapping):
+            break
+        obj = inner
+    if not isinstance(obj, Mapping) or not _is_state_dict(obj):
+        raise WeightsError(f"{name}: {path} holds no state dict (a mapping of names to tensors)")
+    return {str(k): v for k, v in obj.items()}
+
+
+def _is_state_dict(obj: Mapping) -> bool:
+    return bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def load_weights(name: str, model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Load ``state`` into ``model`` (built on the meta device), requiring an exact fit; a
+    mismatch names a few of the missing and unexpected keys."""
+    try:
+        result = model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as exc:  # shape mismatches
+        detail = "; ".join(line.strip() for line in str(exc).splitlines()[1:4])
+        raise WeightsError(f"{name}: {source} does not fit the model: {detail}") from None
+    problems = []
+    for kind, keys in (("missing", result.missing_keys), ("unexpected", result.unexpected_keys)):
+        if keys:
+            more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+            problems.append(f"{len(keys)} {kind} keys: {', '.join(keys[:5])}{more}")
+    if problems:
+        raise WeightsError(f"{name}: {source} does not fit the model: {'; '.join(problems)}")
+
+
+def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """Keys without ``prefix`` where every key has it (e.g. ``module.`` of DataParallel)."""
+    if all(k.startswith(prefix) for k in state):
+        return {k[len(prefix):]: v for k, v in state.items()}
+    return dict(state)
+
+
+def cache_path(weights: WeightsEnum) -> str:
+    """Where torchvision keeps a download of ``weights`` (``$TORCH_HOME/hub/checkpoints``)."""
+    return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(weights.url).path))
+
+
+def weights_name(weights: WeightsEnum) -> str:
+    return f"{type(weights).__name__}.{weights.name}"
+
+
+def torchvision_state_dict(name: str, weights: WeightsEnum) -> dict[str, torch.Tensor]:
+    """The state dict of published torchvision ``weights``, read through torchvision's API from
+    the local cache. A missing file is an error, not a download: runs must not depend on a
+    network, and a half-finished download inside a GPU job helps nobody."""
+    path = cache_path(weights)
+    if not os.path.isfile(path):
+        raise WeightsError(
+            f"{name}: {weights_name(weights)} is not in the local cache: {path} does not exist. "
+            f"Download {weights.url} to {path} on a machine with internet (TORCH_HOME moves the "
+            f"cache), or set weights to a local file, or to none for random init."
+        )
+    try:
+        return weights.get_state_dict(map_location="cpu", progress=False, weights_only=True)
+    except Exception as exc:
+        raise WeightsError(f"{name}: cannot read {path} ({weights_name(weights)}): {exc}") from None
+
+
+def torchvision_model(name: str, weights: str, build: Callable[[], M], enum: type[WeightsEnum],
+                      head: str) -> tuple[M, str]:
+    """A torchvision model with its classifier ``head`` replaced by Identity, and its weights id.
+
+    ``weights``: "default" (``enum.DEFAULT``), a member name such as
+    "ResNet50_Weights.IMAGENET1K_V1", "none", or a state dict file (the classifier's keys are
+    ignored: any number of classes fits, since features come from before it).
+    """
+
+    def headless() -> M:
+        model = build()
+        setattr(model, head, nn.Identity())
+        return model
+
+    if weights == "none":
+        return random_init(name, headless), "none"
+    if weights == "default" or weights.startswith(enum.__name__ + "."):
+        published = enum.DEFAULT if weights == "default" else get_weight(weights)
+        state, source, weights_id = (torchvision_state_dict(name, published), cache_path(published),
+                                     f"torchvision:{weights_name(published)}")
+    else:
+        state = strip_prefix(read_state_dict(name, weights), "module.")
+        source, weights_id = weights, file_id(weights)
+    state = {k: v for k, v in state.items() if not k.startswith(head + ".")}
+    model = on_meta(headless)
+    load_weights(name, model, state, source)
+    return model, weights_id
