@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import dask
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.logging.handlers import APILogWorker
@@ -84,15 +85,19 @@ def build_corpus(
                 reports[stage.name] = run_step_task.submit(stage.name, corpus.url, cfg).result()
                 continue
             ctx = context(corpus, cfg)
-            batches, report = plan(stage, ctx, cfg.execution.batch_size, retry_failed)
+            size = stage.batch_size or cfg.execution.batch_size
+            batches, report = plan(stage, ctx, size, retry_failed)
             logger.info(
                 "%s: %d items, %d done before, %d failed before, %d batches to run",
                 stage.name, report.total, report.skipped_done, report.skipped_failed, len(batches),
             )
-            futures = [
-                run_batch_task.submit(stage.name, i + 1, len(batches), batch, corpus.url, cfg)
-                for i, batch in enumerate(batches)
-            ]
+            # GPU workers (`dask worker --resources GPU=1`) take featurize tasks when asked.
+            gpu = cfg.execution.gpu_resource and stage.name.startswith("featurize:")
+            with dask.annotate(**({"resources": {"GPU": 1}} if gpu else {})):
+                futures = [
+                    run_batch_task.submit(stage.name, i + 1, len(batches), batch, corpus.url, cfg)
+                    for i, batch in enumerate(batches)
+                ]
             for future in futures:
                 report.add(BatchReport(**future.result()))
             reports[stage.name] = asdict(report)

@@ -99,6 +99,7 @@ class Stage:
     output: str
     items: Callable[[StageContext], Iterable[Item]]
     process: Process
+    batch_size: int | None = None  # items per committed batch; None: execution.batch_size
 
 
 ItemFn = Callable[[Item, StageContext], "list[dict[str, Any]] | Outcome"]

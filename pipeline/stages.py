@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
-from pipeline import align, discover, download, shards, transcribe
+from pipeline import align, discover, download, featurize, report, shards, transcribe
 from pipeline.config import Config
 from pipeline.runner import RetryPolicy, Stage, StageContext
 from pipeline.storage import Corpus
@@ -38,7 +38,9 @@ BUILT: dict[str, Callable[[Config], list[Stage | Step]]] = {
     "download": lambda cfg: [download.STAGE],
     "transcribe": lambda cfg: [transcribe.STAGE],
     "align": lambda cfg: [align.STAGE],
+    "featurize": featurize.stages,
     "shard": lambda cfg: [Step("shard", shards.write_shards)],
+    "report": lambda cfg: [Step("report", report.write_report)],
 }
 
 
