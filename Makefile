@@ -3,21 +3,22 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PACKAGES := ffmpeg espeak-ng
 DEMO_ROOT ?= demo-corpus
 PYTEST_ARGS ?=
 
 .PHONY: demo test system venv schema clean
 
-# Debian packages, only when a binary is missing (needs root or sudo).
+# Debian packages, only when a binary is missing (needs root or sudo); chromium checks the
+# HTML report in the tests.
 system:
 	@missing=""; \
 	command -v ffmpeg >/dev/null || missing="$$missing ffmpeg"; \
 	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
 $(STAMP): pyproject.toml

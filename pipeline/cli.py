@@ -158,7 +158,11 @@ def stats(
 @app.command()
 def report(root: Annotated[str, typer.Argument(help="Corpus root.")]) -> None:
     """Write report/stats.json and report/report.html."""
-    _not_built("`vlcorpus report` (the report stage)")
+    from pipeline.report import write_report
+    from pipeline.runner import StageContext
+
+    result = write_report(StageContext(Corpus(root), config=None))
+    console.print(f"wrote {result['html']} and {result['stats']}")
 
 
 @app.command()
