@@ -47,8 +47,15 @@ def _not_built(what: str) -> None:
 def _emit(summary: dict, mode: LogFormat) -> None:
     if mode == "json":
         print(json.dumps(summary, default=str))
-    else:
-        print_summary(summary, Console())
+        return
+    out = Console()
+    print_summary(summary, out)
+    stages = summary.get("stages", {})
+    if "report" in stages:
+        out.print(f"report: {stages['report']['html']}", highlight=False)
+    for kind, info in stages.get("shard", {}).items():
+        out.print(f"{kind} shards: {info['samples']} samples in "
+                  f"{summary['root'].rstrip('/')}/shards/{kind}", highlight=False)
 
 
 @app.command()

@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pipeline.media import FrameRequest, FrameSpec, sample_frames  # noqa: E402
+from pipeline.progress import log  # noqa: E402
 from pipeline.runner import StageContext  # noqa: E402
 from pipeline.storage import Corpus  # noqa: E402
 from pipeline.summary import summarize  # noqa: E402
@@ -153,8 +154,11 @@ def _thumbnails(corpus: Corpus, limit: int) -> list[dict[str, Any]]:
                                  FrameSpec(frames=1, short_side=128, crop=None)) for c in group]
         frames: dict[str, Any] = {}
         if video in media:
-            with local_file(corpus, media[video]) as path:
-                frames = dict(sample_frames(path, requests))
+            try:
+                with local_file(corpus, media[video]) as path:
+                    frames = dict(sample_frames(path, requests))
+            except OSError as exc:  # media moved or deleted since: the card shows no frame
+                log.warning("report: no thumbnails for %s: %s", video, exc)
         for clip in group:
             image = frames.get(clip["clip_id"])
             uri = None

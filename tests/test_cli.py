@@ -71,6 +71,6 @@ def test_stats_json_counts_tables_and_errors(tmp_path):
 
 
 def test_commands_not_built_yet_say_so_and_exit_2(tmp_path):
-    for args in (["report", str(tmp_path)], ["train", str(tmp_path)], ["eval", str(tmp_path)]):
+    for args in (["train", str(tmp_path)], ["eval", str(tmp_path)]):
         result = vlcorpus(*args)
         assert result.returncode == 2 and "not built yet" in result.stderr
