@@ -42,7 +42,17 @@ def run_batch_task(
     # Stages are rebuilt on the worker from their name: only data travels, never closures.
     stage = _part(stage_name, cfg)
     report = run_batch(stage, items, context(Corpus(root), cfg))
-    return asdict(report)
+    return {**asdict(report), "worker": _worker_name()}
+
+
+def _worker_name() -> str:
+    """The Dask worker running this task, so a build can say where each stage ran."""
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().name)
+    except (ImportError, ValueError):
+        return "local"
 
 
 @task(name="run-step", task_run_name="{step_name}", retries=2, retry_delay_seconds=[2, 10],
@@ -98,9 +108,12 @@ def build_corpus(
                     run_batch_task.submit(stage.name, i + 1, len(batches), batch, corpus.url, cfg)
                     for i, batch in enumerate(batches)
                 ]
+            workers: set[str] = set()
             for future in futures:
-                report.add(BatchReport(**future.result()))
-            reports[stage.name] = asdict(report)
+                result = future.result()
+                workers.add(result.pop("worker"))
+                report.add(BatchReport(**result))
+            reports[stage.name] = {**asdict(report), "workers": sorted(workers)}
     summary = summarize(corpus)
     summary["stages"] = reports
     return summary
