@@ -1,0 +1,1 @@
+"""Training: the five papers' losses (`losses`) and retrieval metrics (`metrics`)."""

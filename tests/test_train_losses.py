@@ -1,0 +1,273 @@
+"""The training losses against values worked out by hand on 2x2 / 3x3 cases, and their gradients."""
+
+from math import exp, log
+from typing import get_args
+
+import pytest
+import torch
+
+from pipeline.config import TrainModel
+from pipeline.train import losses as L
+
+
+def softplus(x: float) -> float:
+    return log(1 + exp(x))
+
+
+def nll(pos: float, others: list[float]) -> float:
+    """-log(e^pos / (e^pos + Σ e^others))."""
+    return -pos + log(exp(pos) + sum(exp(o) for o in others))
+
+
+def grad_of(fn, sim: torch.Tensor) -> torch.Tensor:
+    s = sim.clone().requires_grad_(True)
+    fn(s).backward()
+    return s.grad
+
+
+def assert_step_helps(fn, sim: torch.Tensor, lr: float = 0.1) -> None:
+    """One gradient step lowers the loss, raises every positive, lowers every negative it moves."""
+    g = grad_of(fn, sim)
+    stepped = sim - lr * g
+    assert fn(stepped) < fn(sim)
+    assert (stepped.diagonal() > sim.diagonal()).all()
+    off = ~torch.eye(len(sim), dtype=torch.bool)
+    assert (g[off] >= 0).all()  # negatives never pushed up
+
+
+S2 = torch.tensor([[2.0, 0.0], [1.0, 3.0]])
+S3 = torch.tensor([[3.0, 1.0, 0.0], [2.0, 4.0, 1.0], [0.0, 1.0, 2.0]])
+
+
+# ---------------------------------------------------------------- NCE / MMS / AMM
+
+
+def test_nce_2x2_by_hand():
+    t = 0.5
+    rows = softplus((0 - 2) / t) + softplus((1 - 3) / t)  # row i: log(1 + e^{(S_ij - S_ii)/τ})
+    cols = softplus((1 - 2) / t) + softplus((0 - 3) / t)
+    assert L.nce(S2, t).item() == pytest.approx(0.5 * (rows / 2 + cols / 2))
+    assert_step_helps(lambda s: L.nce(s, t), S2)
+
+
+def test_mms_2x2_by_hand_and_schedule():
+    m = 0.3
+    rows = softplus(0 - (2 - m)) + softplus(1 - (3 - m))
+    cols = softplus(1 - (2 - m)) + softplus(0 - (3 - m))
+    assert L.mms(S2, m).item() == pytest.approx(0.5 * (rows / 2 + cols / 2))
+    assert L.mms(S2, 0.0).item() == pytest.approx(L.nce(S2).item())
+    assert L.mms(S2, m) > L.nce(S2)
+    assert_step_helps(lambda s: L.mms(s, m), S2)
+
+    sched = L.MarginSchedule()
+    assert sched(0) == sched(999) == pytest.approx(0.001)
+    assert sched(1000) == pytest.approx(0.001 * 1.002)
+    assert sched(2500) == pytest.approx(0.001 * 1.002**2)
+
+
+def test_amm_3x3_by_hand():
+    a = 0.5
+    # Rows: m_i = α(S_ii - mean_{j≠i} S_ij); the positive logit is S_ii - m_i.
+    # row 0: 3 - .5(3 - .5) = 1.75; row 1: 4 - .5(4 - 1.5) = 2.75; row 2: 2 - .5(2 - .5) = 1.25
+    rows = nll(1.75, [1, 0]) + nll(2.75, [2, 1]) + nll(1.25, [0, 1])
+    # Columns: col 0 negatives 2, 0 -> 3 - .5(3 - 1) = 2; col 1 negatives 1, 1 -> 4 - .5(4 - 1) = 2.5;
+    # col 2 negatives 0, 1 -> 2 - .5(2 - .5) = 1.25
+    cols = nll(2.0, [2, 0]) + nll(2.5, [1, 1]) + nll(1.25, [0, 1])
+    expected = 0.5 * (rows / 3 + cols / 3)
+    assert L.amm(S3, a).item() == pytest.approx(expected)
+    assert L.amm(S3, a, detach=False).item() == pytest.approx(expected)  # detach changes gradients only
+    assert L.amm(S3, 0.0).item() == pytest.approx(L.nce(S3).item())
+    assert_step_helps(lambda s: L.amm(s, a), S3)
+
+
+def test_amm_alpha_one_has_no_positive_term():
+    # α=1: positive logit = mean of the negatives, so S_ii drops out of the value.
+    other = S3.clone()
+    other.diagonal().copy_(torch.tensor([-5.0, 10.0, 0.3]))
+    for detach in (True, False):
+        assert L.amm(S3, 1.0, detach=detach).item() == pytest.approx(L.amm(other, 1.0, detach=detach).item())
+    rows = nll(0.5, [1, 0]) + nll(1.5, [2, 1]) + nll(0.5, [0, 1])
+    cols = nll(1.0, [2, 0]) + nll(1.0, [1, 1]) + nll(0.5, [0, 1])
+    assert L.amm(S3, 1.0).item() == pytest.approx(0.5 * (rows / 3 + cols / 3))
+    # With gradient through m, nothing reaches the diagonal; detached, the positive is still pushed up.
+    assert torch.count_nonzero(grad_of(lambda s: L.amm(s, 1.0, detach=False), S3).diagonal()) == 0
+    assert (grad_of(lambda s: L.amm(s, 1.0, detach=True), S3).diagonal() < 0).all()
+
+
+# ---------------------------------------------------------------- SHN / ranking
+
+
+def test_shn_3x3_by_hand():
+    s = torch.tensor([[3.0, 2.9, 0.0], [1.8, 2.0, 2.5], [2.5, 3.0, 2.0]])
+    m = 0.5
+    # rows: 0 -> hardest below 3 is 2.9: .4; 1 -> hardest below 2 is 1.8: .3;
+    #       2 -> none below 2, easiest negative 2.5: 1.0
+    # cols: 0 -> hardest below 3 is 2.5: 0; 1 -> none below 2, easiest 2.9: 1.4; 2 -> 0 below 2: 0
+    expected = 0.5 * ((0.4 + 0.3 + 1.0) / 3 + (0 + 1.4 + 0) / 3)
+    assert L.shn(s, m).item() == pytest.approx(expected)
+    g = grad_of(lambda x: L.shn(x, m), s)
+    assert g[0, 0] < 0 and g[0, 1] > 0  # positive up, the chosen semi-hard negative down
+    assert g[0, 2] == 0  # not chosen in row 0 nor column 2
+    assert g[0, 1].item() == pytest.approx(0.5 / 3 + 0.5 / 3)  # chosen in row 0 and column 1
+
+
+def test_max_margin_sum_max_and_directions():
+    s = torch.tensor([[0.5, 0.48], [0.1, 0.3]])
+    # t2v: row 0 max(0, .05 - .5 + .48) = .03, row 1: 0; v2t: column 0: 0, column 1: .05 - .3 + .48 = .23
+    assert L.max_margin(s, 0.05).item() == pytest.approx((0.03 + 0.23) / 2)
+    assert L.max_margin(s, 0.05, direction="t2v").item() == pytest.approx(0.03 / 2)
+    assert L.max_margin(s, 0.05, direction="v2t").item() == pytest.approx(0.23 / 2)
+
+    s3 = torch.tensor([[1.0, 0.9, 0.95], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    # row 0 hinges .1 and .15; column 1 hinge .1 (S_01), column 2 hinge .15 (S_02), the rest 0
+    assert L.max_margin(s3, 0.2).item() == pytest.approx((0.25 + 0.1 + 0.15) / 3)
+    assert L.max_margin(s3, 0.2, reduction="max").item() == pytest.approx((0.15 + 0.1 + 0.15) / 3)
+    assert_step_helps(lambda x: L.max_margin(x, 0.2), s3)
+
+
+def test_order_violation_and_annotation_ranking():
+    video = torch.tensor([[3.0, 4.0], [0.0, -1.0]])  # |.|, normalised: [.6, .8], [0, 1]
+    text = torch.tensor([[-1.0, 0.0], [0.8, 0.6]])  # [1, 0], [.8, .6]
+    # S(c, v) = -|max(0, c - v)|^2, rows texts, columns videos
+    expected = torch.tensor([[-(0.4**2), -1.0], [-(0.2**2), -(0.8**2)]])
+    torch.testing.assert_close(L.order_violation(video, text), expected)
+    # annotation ranking: video 0 vs caption 1: .05 + .16 - .04 = .17; video 1 vs caption 0: .05 + .64 - 1 < 0
+    assert L.order_ranking(video, text, 0.05).item() == pytest.approx(0.17 / 2)
+    assert L.order_ranking(video, text, 0.05, direction="both").item() == pytest.approx(
+        L.max_margin(expected, 0.05).item())
+
+    v = video.clone().requires_grad_(True)
+    c = text.clone().requires_grad_(True)
+    before = L.order_violation(v, c)
+    L.order_ranking(v, c, 0.05).backward()
+    after = L.order_violation(video - 0.05 * v.grad, text - 0.05 * c.grad)
+    assert after[0, 0] > before[0, 0]  # positive raised
+    assert after[1, 0] < before[1, 0]  # the violating contrastive caption lowered
+
+
+# ---------------------------------------------------------------- MIL-NCE
+
+
+VIDEO = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+TEXT = torch.tensor([[[1.0, 0.0], [0.5, 0.0]], [[0.0, 1.0], [9.0, 9.0]]])  # clip 1's second is padding
+MASK = torch.tensor([[True, True], [True, False]])
+T = 0.5
+
+
+def test_milnce_by_hand():
+    # x = v·t / τ. Clip 0: positives 1, .5; negatives v0·t10 = 0 and v1·t00 = v1·t01 = 0.
+    # Clip 1: positive 1; negatives v1·t00 = v1·t01 = 0 and v0·t10 = 0. The padding counts nowhere.
+    clip0 = -log((exp(1 / T) + exp(0.5 / T)) / (exp(1 / T) + exp(0.5 / T) + 3))
+    clip1 = nll(1 / T, [0, 0, 0])
+    assert L.milnce(VIDEO, TEXT, MASK, T).item() == pytest.approx((clip0 + clip1) / 2)
+    with pytest.raises(ValueError, match="at least one valid"):
+        L.milnce(VIDEO, TEXT, torch.tensor([[True, True], [False, False]]))
+
+
+def test_milnce_baselines_by_hand():
+    assert L.max_nce(VIDEO, TEXT, MASK, T).item() == pytest.approx(nll(1 / T, [0, 0, 0]))
+
+    a = torch.softmax(torch.tensor([1 / T, 0.5 / T]), 0)
+    pos0 = (a[0] * 1 / T + a[1] * 0.5 / T).item()
+    expected = (nll(pos0, [0, 0, 0]) + nll(1 / T, [0, 0, 0])) / 2
+    assert L.attn_nce(VIDEO, TEXT, MASK, T).item() == pytest.approx(expected)
+    weights = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
+    expected = (nll(0.75 / T, [0, 0, 0]) + nll(1 / T, [0, 0, 0])) / 2
+    assert L.attn_nce(VIDEO, TEXT, MASK, T, weights=weights).item() == pytest.approx(expected)
+
+    # Cat: narrations [.75, 0] and [0, 1] -> text-video similarity [[.75, 0], [0, 1]], then NCE
+    rows = softplus(-0.75 / T) + softplus(-1 / T)
+    assert L.cat_nce(VIDEO, TEXT, MASK, T).item() == pytest.approx(0.5 * (rows / 2 + rows / 2))
+
+
+@pytest.mark.parametrize("fn", [L.milnce, L.max_nce, L.attn_nce, L.cat_nce])
+def test_milnce_step_raises_positives(fn):
+    torch.manual_seed(0)
+    video = torch.randn(4, 8)
+    text = torch.randn(4, 3, 8)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+    v, t = video.clone().requires_grad_(True), text.clone().requires_grad_(True)
+    loss = fn(v, t, mask)
+    loss.backward()
+    v2, t2 = video - 0.05 * v.grad, text - 0.05 * t.grad
+
+    def own_scores(vv, tt):
+        return torch.einsum("id,ikd->ik", vv, tt)[mask]
+
+    assert fn(v2, t2, mask) < loss
+    assert own_scores(v2, t2).mean() > own_scores(video, text).mean()
+    assert t.grad[~mask].abs().sum() == 0  # padding gets no gradient
+
+
+# ---------------------------------------------------------------- WAL
+
+
+def test_wal_lvc_bce_and_adv_by_hand():
+    scores = torch.tensor([2.0, -1.0], requires_grad=True)
+    labels = torch.tensor([1, 0])
+    loss = L.wal_lvc_bce(scores, labels)
+    assert loss.item() == pytest.approx((softplus(-2) + softplus(-1)) / 2)
+    loss.backward()
+    assert scores.grad[0] < 0 < scores.grad[1]  # aligned pair scored up, mismatched pair down
+
+    adv = torch.tensor([0.5, 1.0])
+    z = torch.tensor([0.0, 1.0])  # pair 0 -> L_LVC, pair 1 -> L_ADV = BCE(F_ADV, 0)
+    got = L.wal_adv_pair(scores.detach(), adv, labels, z)
+    assert got.item() == pytest.approx((softplus(-2) + softplus(1.0)) / 2)
+
+
+# ---------------------------------------------------------------- AsyNCE
+
+
+def _asynce_case() -> torch.Tensor:
+    """word_sim [2, 2, T=2, W=2] whose frame-sentence means are F below; words F ± .1."""
+    f = torch.tensor([[[1.0, 0.0], [0.2, 0.4]], [[0.1, 0.3], [0.5, 0.5]]])  # F[i, j, t]
+    return torch.stack([f + 0.1, f - 0.1], -1)
+
+
+def test_asynce_soft_frame_by_hand():
+    ws, d, t = _asynce_case(), 0.05, 0.5
+    sp0 = exp(1) / (exp(1) + 1)  # softmax([1, 0]) · [1, 0]
+    sp1 = 0.5
+    negs = [0.2 / t, 0.4 / t, 0.1 / t, 0.3 / t]  # the same four frame scores for both pairs
+    expected = (nll((sp0 - d) / t, negs) + nll((sp1 - d) / t, negs)) / 2
+    assert L.asynce(ws, delta=d, temperature=t).item() == pytest.approx(expected)
+
+    raw = [n * t for n in negs]  # the formula as METHODS.md writes it: negatives without τ
+    expected = (nll((sp0 - d) / t, raw) + nll((sp1 - d) / t, raw)) / 2
+    assert L.asynce(ws, delta=d, temperature=t, scale_negatives=False).item() == pytest.approx(expected)
+
+    expected = (nll((0.5 - d) / t, negs) + nll((0.5 - d) / t, negs)) / 2
+    assert L.asynce(ws, delta=d, temperature=t, positive="mean").item() == pytest.approx(expected)
+
+
+def test_asynce_soft_entity_and_word_mask():
+    ws, d, t = _asynce_case(), 0.05, 0.5
+
+    def soft(values):  # Σ_t softmax_t(w/τ) w
+        e = [exp(v / t) for v in values]
+        return sum(ei * v for ei, v in zip(e, values)) / sum(e)
+
+    sp0 = (soft([1.1, 0.1]) + soft([0.9, -0.1])) / 2
+    sp1 = (soft([0.6, 0.6]) + soft([0.4, 0.4])) / 2
+    negs = [0.2 / t, 0.4 / t, 0.1 / t, 0.3 / t]
+    expected = (nll((sp0 - d) / t, negs) + nll((sp1 - d) / t, negs)) / 2
+    assert L.asynce(ws, delta=d, temperature=t, positive="entity").item() == pytest.approx(expected)
+
+    # Sentence 0 keeps only word 0 (F + .1): its frame scores and its video negatives shift by .1.
+    mask = torch.tensor([[True, False], [True, True]])
+    sp0 = (exp(1.1) * 1.1 + exp(0.1) * 0.1) / (exp(1.1) + exp(0.1))
+    negs0 = [0.3 / t, 0.5 / t, 0.1 / t, 0.3 / t]  # sentence 0 vs video 1, then sentence 1 vs video 0
+    negs1 = [0.1 / t, 0.3 / t, 0.3 / t, 0.5 / t]
+    expected = (nll((sp0 - d) / t, negs0) + nll((0.5 - d) / t, negs1)) / 2
+    assert L.asynce(ws, mask, delta=d, temperature=t).item() == pytest.approx(expected)
+
+    w = ws.clone().requires_grad_(True)
+    L.asynce(w, delta=d, temperature=t).backward()
+    assert (w.grad[0, 0] <= 0).all() and (w.grad[1, 1] <= 0).all()  # positives pushed up
+    assert (w.grad[0, 1] > 0).all() and (w.grad[1, 0] > 0).all()  # negatives pushed down
+
+
+def test_registry_covers_every_config_model():
+    assert set(L.LOSSES) == set(get_args(TrainModel))
+    assert L.LOSSES["amm"] is L.amm and L.LOSSES["order"] is L.order_ranking
