@@ -128,7 +128,8 @@ def _root(cfg: Config, root: str | None) -> str:
 
 def task_runner(cfg: Config, root: str, dask_address: str | None = None) -> DaskTaskRunner:
     """A runner on the given Dask cluster, else a local one sized by the config."""
-    address = dask_address or cfg.execution.dask_address
+    # The environment variable lets a deployment's workers point every build at their cluster.
+    address = dask_address or cfg.execution.dask_address or os.environ.get("VLCORPUS_DASK_ADDRESS")
     if address:
         return DaskTaskRunner(address=address)
     # An in-memory root is only visible inside this process: use threads, not processes.
@@ -181,3 +182,17 @@ def run_build(
     flow_fn = build_corpus.with_options(task_runner=task_runner(cfg, chosen, dask_address))
     with prefect_api():
         return flow_fn(cfg, root=chosen, until=until, retry_failed=retry_failed)
+
+
+@flow(name="rebuild_corpus", persist_result=False)
+def rebuild_corpus(
+    config: str,
+    root: str | None = None,
+    until: str | None = None,
+    dask_address: str | None = None,
+    retry_failed: bool = False,
+) -> dict[str, Any]:
+    """The deployments' entry point (scheduled and ad hoc): ``build_corpus`` as a subflow on
+    the Dask cluster of ``dask_address`` (or of the config, or a local one)."""
+    return run_build(config, root=root, until=until, dask_address=dask_address,
+                     retry_failed=retry_failed)

@@ -173,6 +173,21 @@ def report(root: Annotated[str, typer.Argument(help="Corpus root.")]) -> None:
 
 
 @app.command()
+def deploy(
+    file: Annotated[Path, typer.Option(help="Prefect deployments file.", exists=True,
+                                       dir_okay=False)] = Path("infra/prefect.yaml"),
+    pool: Annotated[str | None, typer.Option(help="Work pool for all of them (default: each "
+                                                  "deployment's own).")] = None,
+) -> None:
+    """Register the deployments of FILE with the Prefect server of PREFECT_API_URL, creating
+    their process work pool when it does not exist."""
+    from flows.deploy import deploy as apply
+
+    ids = apply(file, pool)
+    console.print(f"registered {len(ids)} deployments from {file}")
+
+
+@app.command()
 def train(target: Annotated[str, typer.Argument(help="A config file or a corpus root.")]) -> None:
     """Train a retrieval model on a corpus's features."""
     _not_built("`vlcorpus train` (the trainer)")

@@ -1,0 +1,165 @@
+"""infra/: the files parse and name things that exist; `vlcorpus deploy` registers the
+deployments; a served deployment triggered through the Prefect API builds a corpus."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+INFRA = ROOT / "infra"
+BIN = Path(sys.executable).parent
+# Commands the containers run; each must be an executable the package installs.
+COMMANDS = {"dask", "prefect", "vlcorpus"}
+
+
+def _yaml(path: Path) -> list:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def _entrypoint(spec: str):
+    module_path, name = spec.split(":")
+    module = importlib.import_module(module_path.removesuffix(".py").replace("/", "."))
+    return getattr(module, name)
+
+
+def test_prefect_yaml_deployments_point_at_real_flows_and_configs():
+    (spec,) = _yaml(INFRA / "prefect.yaml")
+    names = set()
+    for deployment in spec["deployments"]:
+        flow = _entrypoint(deployment["entrypoint"])
+        assert flow.name == "rebuild_corpus"
+        assert (ROOT / deployment["parameters"]["config"]).exists()
+        assert set(deployment["parameters"]) <= {"config", "root", "until", "dask_address",
+                                                 "retry_failed"}
+        for schedule in deployment.get("schedules", []):
+            assert len(schedule["cron"].split()) == 5
+        names.add(deployment["name"])
+    assert "rebuild" in names and len(names) == 4
+
+
+def _commands(node) -> list[list[str]]:
+    """Every command list under a `command` key of a parsed YAML document."""
+    found = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("command", "custom_worker_command") and isinstance(value, list):
+                found.append([str(v) for v in value])
+            else:
+                found += _commands(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _commands(value)
+    return found
+
+
+@pytest.mark.parametrize("path", ["docker-compose.yaml", "k8s/prefect-worker.yaml",
+                                  "k8s/dask-values.yaml"])
+def test_container_commands_exist(path):
+    commands = [c for doc in _yaml(INFRA / path) for c in _commands(doc)]
+    assert commands
+    for command in commands:
+        assert command[0] in COMMANDS and (BIN / command[0]).exists(), command
+        result = subprocess.run([str(BIN / command[0]), *command[1:2], "--help"],
+                                capture_output=True, timeout=120)
+        assert result.returncode == 0, (command, result.stderr[-500:])
+
+
+@pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.gpu"])
+def test_dockerfiles_copy_what_exists_and_run_dask(name):
+    text = (INFRA / "docker" / name).read_text()
+    for line in text.splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), line
+        if line.startswith("CMD "):
+            command = yaml.safe_load(line[4:])
+            assert command[0] in COMMANDS
+    if name.endswith("gpu"):
+        assert "GPU=1" in text and "nvidia/cuda" in text
+
+
+@pytest.fixture
+def prefect_server(monkeypatch, tmp_path):
+    """A Prefect server of its own, with its database under tmp_path."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    server = SubprocessASGIServer()
+    server.start()
+    monkeypatch.setenv("PREFECT_API_URL", server.api_url)
+    yield server.api_url
+    server.stop()
+
+
+@pytest.mark.slow
+def test_deploy_registers_every_deployment(prefect_server):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import DeploymentSort
+
+    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "deploy"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with get_client(sync_client=True) as client:
+        # This Prefect's server wants an explicit limit and sort (None gives 422).
+        deployments = {d.name: d for d in client.read_deployments(
+            limit=50, sort=DeploymentSort.NAME_ASC)}
+        pool = client.read_work_pool("vlcorpus")
+    assert set(deployments) == {"apartment-tour-weekly", "spoken-moments-weekly",
+                                "howto100m-monthly", "rebuild"}
+    assert pool.type == "process"
+    weekly = deployments["apartment-tour-weekly"]
+    assert weekly.parameters == {"config": "configs/apartment_tour.yaml"}
+    assert weekly.schedules[0].schedule.cron == "0 3 * * 1"
+    assert weekly.entrypoint == "flows/build.py:rebuild_corpus"
+    again = subprocess.run([sys.executable, "-m", "pipeline.cli", "deploy"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0  # idempotent: updates in place
+
+
+SERVE = """
+from flows.build import rebuild_corpus
+rebuild_corpus.serve(name="served-test")
+"""
+
+
+@pytest.mark.slow
+def test_served_deployment_triggered_through_the_api(prefect_server, demo_corpus, tmp_path):
+    from prefect.deployments import run_deployment
+
+    from pipeline.demo import serve_demo
+    from pipeline.storage import Corpus
+
+    _, site = demo_corpus
+    server = subprocess.Popen([sys.executable, "-c", SERVE], cwd=ROOT)
+    try:
+        with serve_demo(site) as base:
+            (tmp_path / "urls.txt").write_text(f"{base}pages/tour-0.html\n")
+            config = tmp_path / "served.yaml"
+            config.write_text(yaml.safe_dump({
+                "name": "served", "sources": [{"type": "list", "path": str(tmp_path / "urls.txt")}],
+                "execution": {"n_workers": 1}}))
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    run = run_deployment("rebuild_corpus/served-test", timeout=300,
+                                         parameters={"config": str(config),
+                                                     "root": str(tmp_path / "corpus"),
+                                                     "until": "download"})
+                    break
+                except Exception:  # noqa: BLE001 - the deployment is not registered yet
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(1)
+        assert run.state.is_completed(), run.state
+        assert Corpus(str(tmp_path / "corpus")).done("downloads")
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
