@@ -1,0 +1,381 @@
+"""Training data: an in-memory set of video-text pairs, its loaders and batch samplers.
+
+A `PairSet` holds, per pair, a visual array ([D] or [T, D] frames, T may vary) and a text array
+([D] or [K, D] token vectors), the pair's group (its source video), its split and, for MIL-NCE,
+candidate positives (indices of other pairs whose text is also a positive of this clip).
+
+Loaders: `PairSet.from_corpus` (features tables joined with clips) and `PairSet.from_pairs_file`
+(the external parquet schema, see `PAIRS_SCHEMA`). Batching: `GroupBatchSampler` (in-batch
+negatives, one pair per video per batch where possible) and `collate` (frame sampling N_f with
+reuse, S-MiT word sampling, WAL balanced positives/negatives, MIL-NCE candidate bags).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from pipeline.ids import feature_key
+
+SPLITS = ("train", "val", "test")
+
+PAIRS_SCHEMA = pa.schema([
+    pa.field("pair_id", pa.string(), nullable=False),
+    pa.field("group", pa.string(), nullable=False),
+    pa.field("split", pa.string(), nullable=False),
+    pa.field("visual", pa.list_(pa.list_(pa.float32())), nullable=False),
+    pa.field("text", pa.list_(pa.list_(pa.float32())), nullable=False),
+    pa.field("candidates", pa.list_(pa.string())),
+])
+
+
+class PairsError(ValueError):
+    """Pairs that cannot be used; the message names the source and the column."""
+
+
+@dataclass
+class PairSet:
+    pair_ids: list[str]
+    groups: list[str]
+    splits: list[str]
+    visual: list[np.ndarray]
+    text: list[np.ndarray]
+    candidates: list[list[int]] | None = None  # indices into this set, own pair excluded
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.pair_ids)
+        for name in ("groups", "splits", "visual", "text"):
+            if len(getattr(self, name)) != n:
+                raise PairsError(f"{name}: {len(getattr(self, name))} entries for {n} pairs")
+        if self.candidates is not None and len(self.candidates) != n:
+            raise PairsError(f"candidates: {len(self.candidates)} entries for {n} pairs")
+        self.visual = [np.asarray(v, dtype=np.float32) for v in self.visual]
+        self.text = [np.asarray(t, dtype=np.float32) for t in self.text]
+        for name in ("visual", "text"):
+            arrays = getattr(self, name)
+            dims = {a.shape[-1] for a in arrays if a.ndim in (1, 2)}
+            bad = [i for i, a in enumerate(arrays) if a.ndim not in (1, 2) or a.size == 0]
+            if bad:
+                raise PairsError(f"{name}: pair {self.pair_ids[bad[0]]!r} has shape {arrays[bad[0]].shape}; "
+                                 f"expected [D] or [T, D] with no empty axis")
+            if len(dims) > 1:
+                raise PairsError(f"{name}: pairs disagree on the feature dimension: {sorted(dims)}")
+        bad_split = sorted({s for s in self.splits if s not in SPLITS})
+        if bad_split:
+            raise PairsError(f"split: unknown value(s) {bad_split}; allowed: {', '.join(SPLITS)}")
+
+    def __len__(self) -> int:
+        return len(self.pair_ids)
+
+    @property
+    def visual_dim(self) -> int:
+        return int(self.visual[0].shape[-1])
+
+    @property
+    def text_dim(self) -> int:
+        return int(self.text[0].shape[-1])
+
+    def subset(self, split: str | Sequence[int]) -> PairSet:
+        """The pairs of one split (or of the given indices); candidates outside are dropped."""
+        if isinstance(split, str):
+            idx = [i for i, s in enumerate(self.splits) if s == split]
+        else:
+            idx = list(split)
+        remap = {old: new for new, old in enumerate(idx)}
+        cands = None
+        if self.candidates is not None:
+            cands = [[remap[c] for c in self.candidates[i] if c in remap] for i in idx]
+        return PairSet([self.pair_ids[i] for i in idx], [self.groups[i] for i in idx],
+                       [self.splits[i] for i in idx], [self.visual[i] for i in idx],
+                       [self.text[i] for i in idx], cands, dict(self.meta))
+
+    # ------------------------------------------------------------------ loaders
+
+    @classmethod
+    def from_corpus(cls, corpus: Any, visual_name: str, text_name: str) -> PairSet:
+        """Clips joined with the features of extractors `visual_name` and `text_name` on
+        clip_id (clips missing either feature are left out). A clip's `candidates` (sentence
+        texts) map to the clips of the same video with that text, when there are such clips."""
+        clips = corpus.read("clips", columns=["clip_id", "video_id", "text", "split", "candidates"]).to_pylist()
+        feats = {}
+        for role, name in (("visual", visual_name), ("text", text_name)):
+            table = f"features/{feature_key(name)}"
+            rows = corpus.read(table, columns=["clip_id", "shape", "values"]).to_pylist()
+            if not rows:
+                raise PairsError(f"{corpus.url}: {table} ({role} extractor {name!r}) has no rows; "
+                                 f"tables present: {', '.join(corpus.tables()) or '(none)'}")
+            feats[role] = {r["clip_id"]: r for r in rows}
+        keep = [c for c in clips if c["clip_id"] in feats["visual"] and c["clip_id"] in feats["text"]]
+        keep.sort(key=lambda c: c["clip_id"])
+
+        def arr(row: dict) -> np.ndarray:
+            return np.asarray(row["values"], dtype=np.float32).reshape(row["shape"])
+
+        by_text: dict[tuple[str, str], int] = {}
+        for i, c in enumerate(keep):
+            by_text.setdefault((c["video_id"], c["text"]), i)
+        cands = []
+        for i, c in enumerate(keep):
+            found = []
+            for sentence in c.get("candidates") or []:
+                j = by_text.get((c["video_id"], sentence))
+                if j is not None and j != i and j not in found:
+                    found.append(j)
+            cands.append(found)
+        has_cands = any(c.get("candidates") for c in keep)
+        return cls([c["clip_id"] for c in keep], [c["video_id"] for c in keep], [c["split"] for c in keep],
+                   [arr(feats["visual"][c["clip_id"]]) for c in keep],
+                   [arr(feats["text"][c["clip_id"]]) for c in keep],
+                   cands if has_cands else None,
+                   {"source": corpus.url, "visual": visual_name, "text": text_name})
+
+    @classmethod
+    def from_pairs_file(cls, path: str | Path) -> PairSet:
+        """Read the external pairs schema (parquet): pair_id, group, split, visual, text and an
+        optional candidates column of pair_ids. Every problem names its column."""
+        source = str(path)
+        try:
+            table = pq.read_table(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise PairsError(f"{source}: cannot read as parquet: {exc}") from None
+        names = table.schema.names
+        missing = [c for c in ("pair_id", "group", "split", "visual", "text") if c not in names]
+        if missing:
+            raise PairsError(f"{source}: missing column(s) {', '.join(missing)}; found: {', '.join(names)}")
+        cols = {}
+        for name in ("pair_id", "group", "split"):
+            typ = table.schema.field(name).type
+            if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+                raise PairsError(f"{source}: column {name!r} must be string, got {typ}")
+            values = table.column(name).to_pylist()
+            nulls = [i for i, v in enumerate(values) if v is None or v == ""]
+            if nulls:
+                raise PairsError(f"{source}: column {name!r} is null or empty in row {nulls[0]}")
+            cols[name] = values
+        bad = sorted({s for s in cols["split"] if s not in SPLITS})
+        if bad:
+            raise PairsError(f"{source}: column 'split' has unknown value(s) {bad}; allowed: {', '.join(SPLITS)}")
+        seen: dict[str, int] = {}
+        for i, pid in enumerate(cols["pair_id"]):
+            if pid in seen:
+                raise PairsError(f"{source}: column 'pair_id' repeats {pid!r} (rows {seen[pid]} and {i})")
+            seen[pid] = i
+        arrays = {}
+        for name in ("visual", "text"):
+            typ = table.schema.field(name).type
+            depth, inner = 0, typ
+            while pa.types.is_list(inner) or pa.types.is_large_list(inner) or pa.types.is_fixed_size_list(inner):
+                depth, inner = depth + 1, inner.value_type
+            if depth not in (1, 2) or not pa.types.is_floating(inner):
+                raise PairsError(f"{source}: column {name!r} must be list<float32> [D] or "
+                                 f"list<list<float32>> [T, D], got {typ}")
+            out = []
+            for i, value in enumerate(table.column(name).to_pylist()):
+                if value is None or len(value) == 0 or (depth == 2 and any(v is None or len(v) == 0 for v in value)):
+                    raise PairsError(f"{source}: column {name!r} is null or empty in row {i}")
+                try:
+                    a = np.asarray(value, dtype=np.float32)
+                except ValueError:
+                    raise PairsError(f"{source}: column {name!r} row {i}: rows of a [T, D] array "
+                                     f"differ in length") from None
+                if a.ndim != depth:
+                    raise PairsError(f"{source}: column {name!r} row {i}: ragged or null values")
+                if not np.isfinite(a).all():
+                    raise PairsError(f"{source}: column {name!r} row {i}: non-finite values")
+                out.append(a)
+            dims = {a.shape[-1] for a in out}
+            if len(dims) > 1:
+                raise PairsError(f"{source}: column {name!r}: rows disagree on the dimension D: {sorted(dims)}")
+            arrays[name] = out
+        cands = None
+        if "candidates" in names:
+            cands = []
+            for i, value in enumerate(table.column("candidates").to_pylist()):
+                idx = []
+                for pid in value or []:
+                    if pid not in seen:
+                        raise PairsError(f"{source}: column 'candidates' row {i} names unknown pair_id {pid!r}")
+                    if seen[pid] != i and seen[pid] not in idx:
+                        idx.append(seen[pid])
+                cands.append(idx)
+        return cls(cols["pair_id"], cols["group"], cols["split"], arrays["visual"], arrays["text"], cands,
+                   {"source": source})
+
+    def to_pairs_file(self, path: str | Path) -> None:
+        """Write the external pairs schema (the inverse of `from_pairs_file`)."""
+        def column(arrays: list[np.ndarray]) -> pa.Array:
+            if all(a.ndim == 1 for a in arrays):
+                return pa.array([a.tolist() for a in arrays], type=pa.list_(pa.float32()))
+            return pa.array([np.atleast_2d(a).tolist() for a in arrays], type=pa.list_(pa.list_(pa.float32())))
+
+        data = {"pair_id": pa.array(self.pair_ids, pa.string()), "group": pa.array(self.groups, pa.string()),
+                "split": pa.array(self.splits, pa.string()), "visual": column(self.visual), "text": column(self.text)}
+        if self.candidates is not None:
+            data["candidates"] = pa.array([[self.pair_ids[c] for c in cs] for cs in self.candidates],
+                                          pa.list_(pa.string()))
+        pq.write_table(pa.table(data), path)
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def epoch_rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
+    """The numpy generator of one epoch: a function of (seed, epoch), so a resumed run draws
+    the same batches as an uninterrupted one."""
+    return np.random.default_rng([seed, epoch, stream])
+
+
+class GroupBatchSampler:
+    """Shuffled batches of indices with one pair per group (video) per batch where possible:
+    each group's pairs are shuffled and dealt round by round, so a batch only repeats a video
+    once every group has given one. Batches smaller than `min_batch` are dropped."""
+
+    def __init__(self, groups: Sequence[str], batch_size: int, seed: int = 0, min_batch: int = 2) -> None:
+        self.groups = list(groups)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.min_batch = min_batch
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        rng = epoch_rng(self.seed, epoch, 1)
+        by_group: dict[str, list[int]] = {}
+        for i, g in enumerate(self.groups):
+            by_group.setdefault(g, []).append(i)
+        keys = []
+        for members in by_group.values():
+            perm = rng.permutation(members)
+            keys += [(rank, rng.random(), int(i)) for rank, i in enumerate(perm)]
+        keys.sort()
+        order = [i for _, _, i in keys]
+        taken = np.zeros(len(order), dtype=bool)
+        out = []
+        start = 0  # first position not yet taken
+        while start < len(order):
+            batch, used = [], set()
+            j = start
+            while len(batch) < self.batch_size and j < len(order):
+                i = order[j]
+                if not taken[j] and self.groups[i] not in used:
+                    batch.append(i)
+                    used.add(self.groups[i])
+                    taken[j] = True
+                j += 1
+            j = start
+            while len(batch) < self.batch_size and j < len(order):  # too few groups left: repeat
+                if not taken[j]:
+                    batch.append(order[j])
+                    taken[j] = True
+                j += 1
+            while start < len(order) and taken[start]:
+                start += 1
+            if len(batch) >= self.min_batch:
+                out.append(batch)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.batches(0))
+
+
+def sample_frames(n_frames: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """N_f frame indices in time order (WAL): a random subset when the clip has enough frames,
+    else every frame once plus random repeats."""
+    if n_frames >= n:
+        return np.sort(rng.choice(n_frames, n, replace=False))
+    return np.sort(np.concatenate([np.arange(n_frames), rng.choice(n_frames, n - n_frames, replace=True)]))
+
+
+def sample_words(n_words: int, n: int, rng: np.random.Generator, repeat: bool = True) -> np.ndarray:
+    """S-MiT: `n` word indices per caption, with repeats when it has fewer (repeat=False: all of
+    them, no repeats)."""
+    if n_words >= n:
+        return np.sort(rng.choice(n_words, n, replace=False))
+    if not repeat:
+        return np.arange(n_words)
+    return np.sort(np.concatenate([np.arange(n_words), rng.choice(n_words, n - n_words, replace=True)]))
+
+
+def _pad(arrays: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, L, D] zero-padded and the [B, L] bool mask of real rows; [D] arrays count as L=1."""
+    arrays = [np.atleast_2d(a) for a in arrays]
+    length = max(a.shape[0] for a in arrays)
+    out = np.zeros((len(arrays), length, arrays[0].shape[1]), dtype=np.float32)
+    mask = np.zeros((len(arrays), length), dtype=bool)
+    for i, a in enumerate(arrays):
+        out[i, : len(a)] = a
+        mask[i, : len(a)] = True
+    return torch.from_numpy(out), torch.from_numpy(mask)
+
+
+@dataclass
+class BatchOptions:
+    """How `collate` draws a batch: n_frames (N_f, None = every frame), n_words (S-MiT word
+    sampling on [K, D] texts, None = every token), wal (balanced positives/negatives),
+    candidates (MIL-NCE bags of at most this many texts, own included; 0 = none)."""
+
+    n_frames: int | None = None
+    n_words: int | None = None
+    word_repeat: bool = True
+    wal: bool = False
+    candidates: int = 0
+
+
+def collate(pairs: PairSet, idx: Sequence[int], opts: BatchOptions,
+            rng: np.random.Generator) -> dict[str, torch.Tensor]:
+    """A batch dict: visual [B, T, Dv] + visual_mask, text [B, K, Dt] + text_mask, index [B];
+    with opts.wal the batch is doubled with one negative per pair (the pair's visual with the
+    sentence of a pair of another group) and `labels` [2B] (1 positive, 0 negative); with
+    opts.candidates `cand` [B, C, Dt] (token-mean text of the own pair then its candidates)
+    and `cand_mask` [B, C]."""
+    idx = [int(i) for i in idx]
+    text_idx = list(idx)
+    vis_idx = list(idx)
+    labels = [1.0] * len(idx)
+    if opts.wal:
+        groups = np.asarray(pairs.groups)
+        for i in idx:
+            pool = np.flatnonzero(groups != groups[i])
+            if len(pool) == 0:
+                raise ValueError("WAL negatives need pairs from at least two groups")
+            vis_idx.append(i)
+            text_idx.append(int(rng.choice(pool)))
+            labels.append(0.0)
+    visual = []
+    for i in vis_idx:
+        v = pairs.visual[i]
+        if v.ndim == 2 and opts.n_frames is not None:
+            v = v[sample_frames(len(v), opts.n_frames, rng)]
+        visual.append(v)
+    text = []
+    for i in text_idx:
+        t = pairs.text[i]
+        if t.ndim == 2 and opts.n_words is not None:
+            t = t[sample_words(len(t), opts.n_words, rng, opts.word_repeat)]
+        text.append(t)
+    v, vm = _pad(visual)
+    t, tm = _pad(text)
+    batch = {"visual": v, "visual_mask": vm, "text": t, "text_mask": tm,
+             "index": torch.tensor(vis_idx, dtype=torch.long), "text_index": torch.tensor(text_idx, dtype=torch.long)}
+    if opts.wal:
+        batch["labels"] = torch.tensor(labels)
+    if opts.candidates:
+        bags = []
+        for i in idx:
+            own = [i] + list((pairs.candidates or [[]] * len(pairs))[i])
+            bags.append(np.stack([np.atleast_2d(pairs.text[j]).mean(0) for j in own[: opts.candidates]]))
+        batch["cand"], batch["cand_mask"] = _pad(bags)
+    return batch
+
+
+def full_batches(pairs: PairSet, batch_size: int = 256):
+    """Every pair in order, full frames and tokens (evaluation)."""
+    for start in range(0, len(pairs), batch_size):
+        idx = range(start, min(start + batch_size, len(pairs)))
+        yield collate(pairs, idx, BatchOptions(), np.random.default_rng(0))

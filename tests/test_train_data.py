@@ -1,0 +1,150 @@
+"""PairSet loaders (corpus join, pairs file) and the batch samplers."""
+
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.storage import Corpus
+from pipeline.train.data import (BatchOptions, GroupBatchSampler, PairSet, PairsError, collate,
+                                 sample_frames, sample_words)
+
+
+def _clip(cid, vid, text, split="train", candidates=None):
+    return {"clip_id": cid, "video_id": vid, "start_s": 0.0, "end_s": 1.0, "text": text, "source": "manual",
+            "policy": "subtitle_span", "segment_index": 0, "candidates": candidates, "split": split}
+
+
+def _feat(cid, name, arr):
+    arr = np.asarray(arr, dtype=np.float16)
+    return {"clip_id": cid, "extractor": name, "weights": "none", "fps": 2.0, "frames": int(arr.shape[0]),
+            "shape": list(arr.shape), "values": arr.ravel().tolist()}
+
+
+@pytest.fixture
+def corpus():
+    c = Corpus(f"memory://train-{uuid.uuid4().hex}")
+    c.write_batch("clips", [
+        _clip("a-0", "a", "hello there", candidates=["hello there", "general kenobi", "not a clip"]),
+        _clip("a-1", "a", "general kenobi", candidates=["hello there"]),
+        _clip("b-0", "b", "hello there", split="test"),
+        _clip("c-0", "c", "no features"),
+    ], "b1")
+    c.write_batch("features/resnet34", [_feat(x, "resnet34", np.full((3, 4), i)) for i, x in
+                                        enumerate(["a-0", "a-1", "b-0", "c-0"])], "f1")
+    c.write_batch("features/text_bert", [_feat(x, "text:bert", np.full((6,), i)) for i, x in
+                                         enumerate(["a-0", "a-1", "b-0"])], "t1")
+    return c
+
+
+def test_from_corpus_joins_and_maps_candidates(corpus):
+    pairs = PairSet.from_corpus(corpus, "resnet34", "text:bert")
+    assert pairs.pair_ids == ["a-0", "a-1", "b-0"]  # c-0 has no text features
+    assert pairs.groups == ["a", "a", "b"] and pairs.splits == ["train", "train", "test"]
+    assert pairs.visual[1].shape == (3, 4) and pairs.visual[1].dtype == np.float32
+    assert pairs.text[2].shape == (6,) and float(pairs.text[2][0]) == 2.0
+    # same video and text only: a-0's "hello there" is itself, b-0 is another video, "not a clip" unknown
+    assert pairs.candidates == [[1], [0], []]
+    assert (pairs.visual_dim, pairs.text_dim) == (4, 6)
+    test = pairs.subset("test")
+    assert test.pair_ids == ["b-0"] and test.candidates == [[]]
+
+
+def test_from_corpus_missing_features_names_table(corpus):
+    with pytest.raises(PairsError, match="features/s3d"):
+        PairSet.from_corpus(corpus, "s3d", "text:bert")
+
+
+def _pairs(n=6, frames=True):
+    rng = np.random.default_rng(0)
+    vis = [rng.normal(size=(i % 3 + 1, 4)) if frames else rng.normal(size=4) for i in range(n)]
+    return PairSet([f"p{i}" for i in range(n)], [f"g{i % 3}" for i in range(n)],
+                   ["train"] * (n - 2) + ["test"] * 2, vis, [rng.normal(size=(i + 1, 5)) for i in range(n)],
+                   [[(i + 3) % n] for i in range(n)])
+
+
+def test_pairs_file_round_trip(tmp_path):
+    pairs = _pairs()
+    pairs.to_pairs_file(tmp_path / "p.parquet")
+    back = PairSet.from_pairs_file(tmp_path / "p.parquet")
+    assert back.pair_ids == pairs.pair_ids and back.groups == pairs.groups and back.splits == pairs.splits
+    assert back.candidates == pairs.candidates
+    for a, b in zip(back.visual + back.text, pairs.visual + pairs.text):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    flat = _pairs(frames=False)
+    flat.to_pairs_file(tmp_path / "f.parquet")
+    assert PairSet.from_pairs_file(tmp_path / "f.parquet").visual[0].shape == (4,)
+
+
+def _write(path, **columns):
+    base = {"pair_id": ["a", "b"], "group": ["g", "h"], "split": ["train", "test"],
+            "visual": [[1.0, 2.0], [3.0, 4.0]], "text": [[1.0], [2.0]]}
+    base.update(columns)
+    pq.write_table(pa.table({k: v for k, v in base.items() if v is not None}), path)
+    return path
+
+
+@pytest.mark.parametrize("columns, message", [
+    ({"visual": None}, "missing column.*visual"),
+    ({"split": ["train", "dev"]}, "column 'split'.*'dev'"),
+    ({"pair_id": ["a", "a"]}, "column 'pair_id' repeats 'a'"),
+    ({"group": [1, 2]}, "column 'group' must be string"),
+    ({"visual": ["x", "y"]}, "column 'visual' must be list<float32>"),
+    ({"visual": [[1.0, 2.0], [3.0]]}, "column 'visual'.*dimension"),
+    ({"text": [[[1.0], [2.0, 3.0]], [[1.0]]]}, "column 'text' row 0"),
+    ({"text": [[], [1.0]]}, "column 'text' is null or empty in row 0"),
+    ({"candidates": [["b"], ["zz"]]}, "column 'candidates' row 1 names unknown pair_id 'zz'"),
+])
+def test_pairs_file_errors_name_the_column(tmp_path, columns, message):
+    with pytest.raises(PairsError, match=message):
+        PairSet.from_pairs_file(_write(tmp_path / "p.parquet", **columns))
+
+
+def test_pairs_file_unreadable(tmp_path):
+    (tmp_path / "x.parquet").write_text("nope")
+    with pytest.raises(PairsError, match="cannot read"):
+        PairSet.from_pairs_file(tmp_path / "x.parquet")
+
+
+def test_group_sampler_one_pair_per_video_where_possible():
+    groups = [f"g{i % 10}" for i in range(100)]
+    sampler = GroupBatchSampler(groups, 10, seed=3)
+    batches = sampler.batches(0)
+    assert sorted(i for b in batches for i in b) == list(range(100))
+    assert all(len({groups[i] for i in b}) == 10 for b in batches)
+    assert sampler.batches(0) == batches and sampler.batches(1) != batches
+    # 3 groups, batch 4: a repeat is unavoidable but every pair still appears once
+    few = GroupBatchSampler(["a", "a", "b", "b", "c", "c", "c", "c"], 4, seed=0).batches(0)
+    assert sorted(i for b in few for i in b) == list(range(8))
+    assert len({["a", "a", "b", "b", "c", "c", "c", "c"][i] for i in few[0]}) == 3
+
+
+def test_frame_and_word_sampling():
+    rng = np.random.default_rng(0)
+    assert len(sample_frames(20, 5, rng)) == 5 and len(set(sample_frames(20, 5, rng))) == 5
+    short = sample_frames(3, 5, rng)
+    assert len(short) == 5 and set(short) == {0, 1, 2} and list(short) == sorted(short)
+    assert len(sample_words(30, 10, rng)) == 10
+    assert len(sample_words(4, 10, rng)) == 10 and set(sample_words(4, 10, rng)) == {0, 1, 2, 3}
+    assert list(sample_words(4, 10, rng, repeat=False)) == [0, 1, 2, 3]
+
+
+def test_collate_shapes_wal_and_candidates():
+    pairs = _pairs()
+    rng = np.random.default_rng(0)
+    batch = collate(pairs, [0, 1, 2], BatchOptions(n_frames=5, n_words=10), rng)
+    assert batch["visual"].shape == (3, 5, 4) and batch["visual_mask"].all()
+    assert batch["text"].shape == (3, 10, 5)
+    wal = collate(pairs, [0, 1, 2], BatchOptions(wal=True), rng)
+    assert wal["labels"].tolist() == [1, 1, 1, 0, 0, 0] and wal["visual"].shape[0] == 6
+    assert wal["index"].tolist() == [0, 1, 2, 0, 1, 2]
+    neg = wal["text_index"].tolist()[3:]
+    assert all(pairs.groups[t] != pairs.groups[v] for v, t in zip([0, 1, 2], neg))  # another video
+    full = collate(pairs, [0, 1, 2], BatchOptions(), rng)  # padded, masked
+    assert full["visual"].shape == (3, 3, 4) and full["visual_mask"].sum(1).tolist() == [1, 2, 3]
+    bags = collate(pairs, [0, 1], BatchOptions(candidates=5), rng)
+    assert bags["cand"].shape == (2, 2, 5) and bags["cand_mask"].all()
+    np.testing.assert_allclose(bags["cand"][0, 1].numpy(), pairs.text[3].mean(0), rtol=1e-6)
+    assert GroupBatchSampler(pairs.groups, 2).batches(0)
