@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config import Config, ConfigError, load_config
 from pipeline.progress import LogFormat, setup_logging
 from pipeline.stages import ORDER, check_name
 from pipeline.storage import Corpus
@@ -22,7 +22,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(stderr=True)
-NOT_BUILT_EXIT = 2
 
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Warnings and errors only.")]
 JsonLogs = Annotated[bool, typer.Option("--json", help="Logs and results as JSON lines.")]
@@ -37,11 +36,6 @@ def _logging(quiet: bool, json_logs: bool) -> LogFormat:
         # Prefect's own run logs follow the same choice.
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     return mode
-
-
-def _not_built(what: str) -> None:
-    console.print(f"[yellow]{what} is not built yet in this version.[/yellow]")
-    raise typer.Exit(NOT_BUILT_EXIT)
 
 
 def _emit(summary: dict, mode: LogFormat) -> None:
@@ -187,16 +181,68 @@ def deploy(
     console.print(f"registered {len(ids)} deployments from {file}")
 
 
+def _target(target: str, root: str | None) -> tuple[Corpus, Config]:
+    """A config file (its root, or --root), or a corpus root (its resolved config.yaml)."""
+    path = Path(target)
+    if path.is_file():
+        cfg = load_config(path)
+        chosen = root or cfg.root
+        if not chosen:
+            raise ConfigError(f"{target}: no corpus root; pass --root or set `root:`")
+        return Corpus(chosen), cfg
+    corpus = Corpus(root or target)
+    return corpus, load_config(corpus.local_path("config.yaml"))
+
+
+Root = Annotated[str | None, typer.Option(help="Corpus root (default: the config's).")]
+Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
+Pairs = Annotated[str | None, typer.Option(help="An external pairs file (parquet) instead of "
+                                                 "the corpus's features; see README.")]
+
+
 @app.command()
-def train(target: Annotated[str, typer.Argument(help="A config file or a corpus root.")]) -> None:
-    """Train a retrieval model on a corpus's features."""
-    _not_built("`vlcorpus train` (the trainer)")
+def train(
+    target: Annotated[str, typer.Argument(help="A config file or a corpus root.")],
+    root: Root = None,
+    out: Annotated[Path | None, typer.Option(help="Checkpoints and metrics (default: "
+                                                  "ROOT/train/<model>).")] = None,
+    device: Device = "auto",
+    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint.")] = True,
+    pairs: Pairs = None,
+) -> None:
+    """Train the config's retrieval model on a corpus's features; prints metrics.json."""
+    from pipeline.train.run import train_corpus
+
+    setup_logging("rich")
+    try:
+        corpus, cfg = _target(target, root)
+        metrics = train_corpus(corpus, cfg, out, device=device, resume=resume, pairs_file=pairs)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]{exc}[/red]", highlight=False)
+        raise typer.Exit(2) from None
+    print(json.dumps({k: v for k, v in metrics.items() if k != "curve"}, default=str))
 
 
 @app.command(name="eval")
-def evaluate(target: Annotated[str, typer.Argument(help="A checkpoint or a corpus root.")]) -> None:
-    """Evaluate a trained retrieval model."""
-    _not_built("`vlcorpus eval` (the trainer)")
+def evaluate(
+    target: Annotated[str, typer.Argument(help="A config file or a corpus root.")],
+    checkpoint: Annotated[Path | None, typer.Option(help="Training folder or .pt file "
+                                                         "(default: ROOT/train/<model>).")] = None,
+    root: Root = None,
+    device: Device = "auto",
+    pairs: Pairs = None,
+) -> None:
+    """Evaluate a trained retrieval model on the test split; prints its metrics."""
+    from pipeline.train.run import evaluate_corpus
+
+    setup_logging("rich")
+    try:
+        corpus, cfg = _target(target, root)
+        metrics = evaluate_corpus(corpus, cfg, checkpoint, device=device, pairs_file=pairs)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]{exc}[/red]", highlight=False)
+        raise typer.Exit(2) from None
+    print(json.dumps(metrics, default=str))
 
 
 if __name__ == "__main__":

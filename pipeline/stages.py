@@ -41,7 +41,15 @@ BUILT: dict[str, Callable[[Config], list[Stage | Step]]] = {
     "featurize": featurize.stages,
     "shard": lambda cfg: [Step("shard", shards.write_shards)],
     "report": lambda cfg: [Step("report", report.write_report)],
+    "train": lambda cfg: [Step("train", _train_step)] if cfg.train is not None else [],
 }
+
+
+def _train_step(ctx: StageContext) -> dict[str, Any]:
+    # Imported when training runs: torch and the trainer are not needed before.
+    from pipeline.train.run import train_step
+
+    return train_step(ctx)
 
 
 class NotBuiltYet(RuntimeError):

@@ -1,0 +1,52 @@
+"""Training and evaluation on a corpus's features, for the CLI and the build's train stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import Config
+from pipeline.runner import StageContext
+from pipeline.storage import Corpus
+from pipeline.train.data import PairSet
+from pipeline.train.loop import evaluate, train
+
+
+def pairs_for(corpus: Corpus, cfg: Config, pairs_file: str | None = None) -> PairSet:
+    """Pairs from an external pairs file, else from the corpus's features tables."""
+    if pairs_file:
+        return PairSet.from_pairs_file(pairs_file)
+    assert cfg.train is not None
+    return PairSet.from_corpus(corpus, cfg.train.visual, cfg.train.text)
+
+
+def default_out(corpus: Corpus, cfg: Config) -> Path:
+    """``<root>/train/<model>``: checkpoints, metrics.json, curve.png (local roots only)."""
+    assert cfg.train is not None
+    return Path(corpus.local_path("train", cfg.train.model))
+
+
+def train_corpus(corpus: Corpus, cfg: Config, out: Path | None = None, device: str = "auto",
+                 resume: bool = True, pairs_file: str | None = None) -> dict[str, Any]:
+    if cfg.train is None:
+        raise ValueError("the config has no `train` section")
+    return train(pairs_for(corpus, cfg, pairs_file), cfg.train, out or default_out(corpus, cfg),
+                 device=device, resume=resume)
+
+
+def evaluate_corpus(corpus: Corpus, cfg: Config, checkpoint: Path | None = None,
+                    device: str = "auto", pairs_file: str | None = None) -> dict[str, Any]:
+    if cfg.train is None and checkpoint is None:
+        raise ValueError("the config has no `train` section; pass a checkpoint")
+    return evaluate(checkpoint or default_out(corpus, cfg), pairs_for(corpus, cfg, pairs_file),
+                    device=device)
+
+
+def train_step(ctx: StageContext) -> dict[str, Any]:
+    """The build's train stage: runs when the config has a `train` section."""
+    cfg: Config = ctx.config
+    if cfg.train is None:
+        return {"skipped": "no train section"}
+    metrics = train_corpus(ctx.corpus, cfg)
+    return {"t2v": metrics.get("t2v"), "v2t": metrics.get("v2t"), "mc_acc": metrics.get("mc_acc"),
+            "out": str(default_out(ctx.corpus, cfg))}
