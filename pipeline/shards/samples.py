@@ -6,12 +6,14 @@ samples. Reads stay partitioned: one chunk of clips and its features at a time.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from pipeline.ids import feature_key
 from pipeline.storage import Corpus
@@ -37,16 +39,41 @@ def ordered_clips(corpus: Corpus, split: str) -> list[dict[str, Any]]:
     return sorted(table.to_pylist(), key=lambda c: (c["video_id"], c["start_s"], c["clip_id"]))
 
 
-def _features(corpus: Corpus, table: str, clip_ids: list[str]) -> dict[str, np.ndarray]:
-    data = corpus.read(table, columns=["clip_id", "shape", "values"],
-                       filter=ds.field("clip_id").isin(clip_ids))
-    out = {}
-    values = data.column("values")
-    for i, (cid, shape) in enumerate(zip(data.column("clip_id").to_pylist(),
-                                         data.column("shape").to_pylist())):
-        flat = values[i].values.to_numpy(zero_copy_only=False)
-        out[cid] = flat.astype(np.float16, copy=False).reshape(shape)
-    return out
+class FeatureReader:
+    """Features of given clips from one features table, reading only the batch files that
+    hold them: a first pass reads the ``clip_id`` column of every file, so each later lookup
+    touches a few small files instead of scanning the table."""
+
+    def __init__(self, corpus: Corpus, table: str, cache: int = 8) -> None:
+        self.corpus = corpus
+        self.where: dict[str, tuple[str, int]] = {}
+        for path in corpus.table_files(table):
+            with corpus.fs.open(path, "rb") as handle:
+                ids = pq.read_table(handle, columns=["clip_id"]).column("clip_id").to_pylist()
+            self.where.update((cid, (path, row)) for row, cid in enumerate(ids))
+        self._files: OrderedDict[str, tuple[np.ndarray, np.ndarray, list]] = OrderedDict()
+        self._cache = cache
+
+    def _file(self, path: str) -> tuple[np.ndarray, np.ndarray, list]:
+        if path not in self._files:
+            with self.corpus.fs.open(path, "rb") as handle:
+                data = pq.read_table(handle, columns=["shape", "values"])
+            values = data.column("values").combine_chunks()
+            self._files[path] = (values.values.to_numpy(zero_copy_only=False),
+                                 values.offsets.to_numpy(), data.column("shape").to_pylist())
+            if len(self._files) > self._cache:
+                self._files.popitem(last=False)
+        self._files.move_to_end(path)
+        return self._files[path]
+
+    def get(self, clip_ids: list[str]) -> dict[str, np.ndarray]:
+        out = {}
+        for cid in clip_ids:
+            if cid in self.where:
+                path, row = self.where[cid]
+                flat, offsets, shapes = self._file(path)
+                out[cid] = flat[offsets[row] : offsets[row + 1]].reshape(shapes[row])
+        return out
 
 
 def samples(corpus: Corpus, clips: list[dict[str, Any]], features: list[str] | None = None,
@@ -56,10 +83,11 @@ def samples(corpus: Corpus, clips: list[dict[str, Any]], features: list[str] | N
     if features is not None:
         wanted = {feature_key(f) for f in features}
         tables = {k: t for k, t in tables.items() if k in wanted}
+    readers = {key: FeatureReader(corpus, table) for key, table in tables.items()}
     for i in range(0, len(clips), chunk):
         part = clips[i : i + chunk]
         ids = [c["clip_id"] for c in part]
-        found = {key: _features(corpus, table, ids) for key, table in tables.items()}
+        found = {key: reader.get(ids) for key, reader in readers.items()}
         for clip in part:
             yield Sample(clip, {key: f[clip["clip_id"]] for key, f in found.items()
                                 if clip["clip_id"] in f})
