@@ -286,3 +286,24 @@ def test_seeking_ahead_with_b_frames_makes_progress(tmp_path):
     out = dict(sample_frames(str(path), requests))
     assert sorted(out) == ["c0", "c1", "c2", "c3"]
     assert all(v.shape == (1, 120, 160, 3) for v in out.values())
+
+
+def test_frames_equal_a_plain_full_decode(tmp_path):
+    """Skipping unreferenced frames and seeking must not change which frame a time gets:
+    every sampled frame equals the one a plain decode of every frame shows at that time."""
+    path = tmp_path / "moving.mp4"
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i",
+                    "testsrc2=size=160x120:rate=25:duration=24", "-c:v", "libx264",
+                    "-g", "60", "-bf", "3", "-pix_fmt", "yuv420p", str(path)], check=True)
+    spec = FrameSpec(fps=2, short_side=120, crop=None)
+    requests = [FrameRequest(f"c{i}", start, start + 2.5, spec)
+                for i, start in enumerate([0.3, 3.1, 9.7, 17.2, 21.0])]
+    got = dict(sample_frames(str(path), requests))
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        frames = [(f.pts * float(stream.time_base), f.to_ndarray(format="rgb24"))
+                  for f in container.decode(stream)]
+    for request in requests:
+        for t, image in zip(frame_times(request), got[request.key]):
+            shown = [img for pts, img in frames if pts <= t + 1e-6][-1]
+            assert np.array_equal(image, shown), (request.key, t)
