@@ -23,21 +23,6 @@ DASK = str(Path(sys.executable).parent / "dask")
 
 
 @pytest.fixture
-def prefect_server(monkeypatch, tmp_path):
-    """A Prefect server the test process and the Dask workers share, as in production, with
-    its database under tmp_path."""
-    from prefect.server.api.server import SubprocessASGIServer
-
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
-    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    server = SubprocessASGIServer()
-    server.start()
-    monkeypatch.setenv("PREFECT_API_URL", server.api_url)
-    yield server.api_url
-    server.stop()
-
-
-@pytest.fixture
 def cluster(tmp_path, prefect_server):
     scheduler_file = tmp_path / "scheduler.json"
     common = ["--no-dashboard"]

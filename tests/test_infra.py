@@ -85,20 +85,6 @@ def test_dockerfiles_copy_what_exists_and_run_dask(name):
         assert "GPU=1" in text and "nvidia/cuda" in text
 
 
-@pytest.fixture
-def prefect_server(monkeypatch, tmp_path):
-    """A Prefect server of its own, with its database under tmp_path."""
-    from prefect.server.api.server import SubprocessASGIServer
-
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
-    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    server = SubprocessASGIServer()
-    server.start()
-    monkeypatch.setenv("PREFECT_API_URL", server.api_url)
-    yield server.api_url
-    server.stop()
-
-
 @pytest.mark.slow
 def test_deploy_registers_every_deployment(prefect_server):
     from prefect.client.orchestration import get_client
