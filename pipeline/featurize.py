@@ -25,7 +25,6 @@ from pipeline.features.base import TextExtractor, VisualExtractor
 from pipeline.ids import feature_key
 from pipeline.media import FrameRequest, sample_frames
 from pipeline.runner import Item, Outcome, Stage, StageContext, input_items
-from pipeline.transcribe import local_file
 
 _END = object()
 
@@ -77,7 +76,7 @@ def _decoded(items: Sequence[Item], extractor: VisualExtractor, ctx: StageContex
                 raise BadInputError("no media for this clip's video")
             requests = [FrameRequest(i.key, i.rows[0]["start_s"], i.rows[0]["end_s"],
                                      extractor.spec) for i in group]
-            with local_file(ctx.corpus, media) as path:
+            with ctx.corpus.local_file(media) as path:
                 for key, frames in sample_frames(path, requests):
                     done.add(key)
                     put((key, frames if isinstance(frames, BadInputError)

@@ -26,7 +26,6 @@ from pipeline.progress import log  # noqa: E402
 from pipeline.runner import StageContext  # noqa: E402
 from pipeline.storage import Corpus  # noqa: E402
 from pipeline.summary import summarize  # noqa: E402
-from pipeline.transcribe import local_file  # noqa: E402
 
 SAMPLE_CLIPS = 12
 _VARIABLE = re.compile(r"https?://\S+|/\S+|\b[0-9a-f]{8,}\b|\d+(\.\d+)?")
@@ -155,7 +154,7 @@ def _thumbnails(corpus: Corpus, limit: int) -> list[dict[str, Any]]:
         frames: dict[str, Any] = {}
         if video in media:
             try:
-                with local_file(corpus, media[video]) as path:
+                with corpus.local_file(media[video]) as path:
                     frames = dict(sample_frames(path, requests))
             except OSError as exc:  # media moved or deleted since: the card shows no frame
                 log.warning("report: no thumbnails for %s: %s", video, exc)

@@ -8,10 +8,13 @@ absent.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import posixpath
+import tempfile
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import fsspec
@@ -70,6 +73,21 @@ class Corpus:
     @property
     def is_local(self) -> bool:
         return "file" in _protocols(self.fs)
+
+    @contextlib.contextmanager
+    def local_file(self, path: str) -> Iterator[str]:
+        """A local path for a file of the corpus, for tools that need one (ffmpeg, PyAV):
+        absolute paths are outside the corpus (folder sources) and used as they are; files of
+        a remote root are copied to a temporary file for the duration of the block."""
+        if os.path.isabs(path):
+            yield path
+        elif self.is_local:
+            yield self.local_path(path)
+        else:
+            with tempfile.TemporaryDirectory(prefix="vlcorpus-") as tmp:
+                local = os.path.join(tmp, os.path.basename(path))
+                self.fs.get(self.path(path), local)
+                yield local
 
     def local_path(self, *parts: str) -> str:
         """Path usable by local tools (ffmpeg, yt-dlp); only for local roots."""

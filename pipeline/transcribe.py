@@ -8,11 +8,7 @@ tried, and only when every source failed does the video become an errors row.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import tempfile
-from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -35,20 +31,6 @@ def _backend(cfg_json: str) -> AsrBackend:
     return get_backend(AsrConfig.model_validate_json(cfg_json))
 
 
-@contextlib.contextmanager
-def local_file(corpus: Corpus, path: str) -> Iterator[str]:
-    """A local path for a file of the corpus (absolute paths are outside it, e.g. folders)."""
-    if os.path.isabs(path):
-        yield path
-    elif corpus.is_local:
-        yield corpus.local_path(path)
-    else:
-        with tempfile.TemporaryDirectory(prefix="vlcorpus-") as tmp:
-            local = os.path.join(tmp, os.path.basename(path))
-            corpus.fs.get(corpus.path(path), local)
-            yield local
-
-
 def _subtitle_options(
     corpus: Corpus, subs: list[dict[str, str]], cfg: TranscribeConfig, langs: list[str]
 ) -> tuple[dict[str, list[tuple[str, list[Sentence]]]], list[str]]:
@@ -58,7 +40,7 @@ def _subtitle_options(
     problems = []
     for sub in sorted(subs, key=lambda s: (order.get(s["lang"], len(order)), s["lang"])):
         try:
-            with local_file(corpus, sub["path"]) as path:
+            with corpus.local_file(sub["path"]) as path:
                 data = Path(path).read_bytes()
             sentences, layout = subtitle_sentences(data, cfg.sentences, cfg.drop_sound_tags)
         except (StageError, OSError) as exc:
@@ -113,7 +95,7 @@ def choose_sentences(
             problems.append("asr: no audio stream")
         else:
             backend = _backend(tcfg.asr.model_dump_json())
-            with local_file(corpus, download["media_path"]) as media:
+            with corpus.local_file(download["media_path"]) as media:
                 words = transcribe_media(media, backend)
             worked = True
             kept = apply_quality(split_sentences(words, tcfg.sentences), tcfg.quality)

@@ -34,7 +34,6 @@ class AsrBackend(Protocol):
 
     def transcribe(self, wav_path: str) -> list[Word]:
         """Timed words of a mono 16-bit PCM WAV at 16 kHz, in time order."""
-        ...
 
 
 def get_backend(cfg: AsrConfig) -> AsrBackend:

@@ -31,7 +31,6 @@ from pipeline.shards.hashing import HashingWriter
 from pipeline.shards.index import ShardEntry, ShardIndex
 from pipeline.shards.samples import Sample, ordered_clips, samples
 from pipeline.storage import TMP_PREFIX, Corpus
-from pipeline.transcribe import local_file
 
 FOLDER = "shards/webdataset"
 SPLITS = ("train", "val", "test")
@@ -122,7 +121,7 @@ def _video_clips(corpus: Corpus, cfg: Config, media: dict[str, str],
     mcfg = cfg.shards.webdataset.media
     cuts = [ClipCut(c["clip_id"], c["start_s"], c["end_s"],
                     posixpath.join(workdir, f"{c['clip_id']}.mp4")) for c in clips]
-    with local_file(corpus, media[video]) as path:
+    with corpus.local_file(media[video]) as path:
         made = cut_clips(path, cuts, precision=mcfg.precision, height=mcfg.height, fps=mcfg.fps,
                          codec=mcfg.codec, audio=mcfg.audio)
     out: dict[str, bytes | BadInputError] = {}
