@@ -1,8 +1,10 @@
-"""``build_corpus``: every built stage in order, each stage's batches as Prefect tasks on Dask.
+"""The pipeline as Prefect flows: one flow per stage, and ``build_corpus``, which runs them in
+order as subflows on one Dask cluster.
 
-The flow only composes pipeline/: it plans each stage with the runner, submits one task per
-batch, and waits for the stage before starting the next. Tasks return small reports; the
-tables are the results, so nothing large is held in Prefect.
+The flows only compose pipeline/: a stage flow plans its stage with the runner, submits one
+task per batch, and waits for them. Tasks return small reports; the tables are the results,
+so nothing large is held in Prefect. Downloads take slots of a Prefect global concurrency
+limit, so the limit holds across workers and across builds.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import dask
-from prefect import flow, get_run_logger, task
+from prefect import Flow, flow, get_run_logger, task
+from prefect.client.orchestration import get_client
+from prefect.concurrency.sync import concurrency
+from prefect.context import FlowRunContext
 from prefect.cache_policies import NO_CACHE
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -23,7 +28,8 @@ from prefect_dask import DaskTaskRunner
 
 from pipeline.config import Config, config_hash, dump_config, load_config
 from pipeline.runner import BatchReport, Item, plan, run_batch
-from pipeline.stages import BUILT, Step, context, parts, stages_until
+from pipeline import limits
+from pipeline.stages import ORDER, Step, check_name, context, parts, stages_until
 from pipeline.storage import Corpus
 from pipeline.summary import summarize
 
@@ -41,7 +47,8 @@ def run_batch_task(
 ) -> dict[str, Any]:
     # Stages are rebuilt on the worker from their name: only data travels, never closures.
     stage = _part(stage_name, cfg)
-    report = run_batch(stage, items, context(Corpus(root), cfg))
+    with limits.using(prefect_slot):
+        report = run_batch(stage, items, context(Corpus(root), cfg))
     return {**asdict(report), "worker": _worker_name()}
 
 
@@ -61,6 +68,21 @@ def run_step_task(step_name: str, root: str, cfg: Config) -> dict[str, Any]:
     return _part(step_name, cfg)(context(Corpus(root), cfg))
 
 
+@contextmanager
+def prefect_slot(name: str, limit: int) -> Iterator[None]:
+    """One slot of the Prefect global concurrency limit ``name``, which holds across every
+    worker and every build on the server; ``limit`` was set by `prepare_download_limit`."""
+    with concurrency(name, occupy=1, strict=True):
+        yield
+
+
+def prepare_download_limit(cfg: Config) -> None:
+    """Create or resize the global concurrency limit downloads take slots of to the config's
+    ``download.concurrency``; builds sharing a limit name should agree on its size."""
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(cfg.download.concurrency_limit, cfg.download.concurrency)
+
+
 def _part(name: str, cfg: Config) -> Any:
     return next(p for p in parts(name.split(":", 1)[0], cfg) if p.name == name)
 
@@ -73,6 +95,64 @@ def resolve_config(config: str | Path | Config | dict) -> Config:
     return load_config(config)
 
 
+def run_parts(name: str, cfg: Config, corpus: Corpus, retry_failed: bool = False) -> dict[str, dict[str, Any]]:
+    """Every part of stage ``name`` on the current flow's task runner, one after the other;
+    runner stages as one task per batch. Returns each part's report."""
+    logger = get_run_logger()
+    reports: dict[str, dict[str, Any]] = {}
+    for stage in parts(name, cfg):
+        if isinstance(stage, Step):
+            reports[stage.name] = run_step_task.submit(stage.name, corpus.url, cfg).result()
+            continue
+        size = stage.batch_size or cfg.execution.batch_size
+        batches, report = plan(stage, context(corpus, cfg), size, retry_failed)
+        logger.info(
+            "%s: %d items, %d done before, %d failed before, %d batches to run",
+            stage.name, report.total, report.skipped_done, report.skipped_failed, len(batches),
+        )
+        # GPU workers (`dask worker --resources GPU=1`) take featurize tasks when asked.
+        gpu = cfg.execution.gpu_resource and stage.name.startswith("featurize:")
+        with dask.annotate(**({"resources": {"GPU": 1}} if gpu else {})):
+            futures = [
+                run_batch_task.submit(stage.name, i + 1, len(batches), batch, corpus.url, cfg)
+                for i, batch in enumerate(batches)
+            ]
+        workers: set[str] = set()
+        for future in futures:
+            result = future.result()
+            workers.add(result.pop("worker"))
+            report.add(BatchReport(**result))
+        reports[stage.name] = {**asdict(report), "workers": sorted(workers)}
+    return reports
+
+
+def _stage_flow(name: str) -> Flow:
+    def run(config: str | Config, root: str | None = None, retry_failed: bool = False) -> dict[str, Any]:
+        cfg = resolve_config(config)
+        corpus = Corpus(_root(cfg, root))
+        corpus.write_text("config.yaml", f"# config hash {config_hash(cfg)}\n{dump_config(cfg)}")
+        if name == "download":
+            prepare_download_limit(cfg)
+        return run_parts(name, cfg, corpus, retry_failed)
+
+    run.__doc__ = (f"The {name} stage of a corpus build: its batches as tasks on the flow's task "
+                   f"runner. Returns each part's report.")
+    return flow(run, name=name, persist_result=False)
+
+
+# One flow per stage, in build order. Each runs alone (`vlcorpus build --stage NAME`, or a
+# deployment entrypoint such as flows/build.py:download_flow) or as a subflow of build_corpus.
+STAGE_FLOWS: dict[str, Flow] = {name: _stage_flow(name) for name in ORDER}
+discover_flow = STAGE_FLOWS["discover"]
+download_flow = STAGE_FLOWS["download"]
+transcribe_flow = STAGE_FLOWS["transcribe"]
+align_flow = STAGE_FLOWS["align"]
+featurize_flow = STAGE_FLOWS["featurize"]
+shard_flow = STAGE_FLOWS["shard"]
+report_flow = STAGE_FLOWS["report"]
+train_flow = STAGE_FLOWS["train"]
+
+
 @flow(name="build_corpus", persist_result=False)
 def build_corpus(
     config: str | Config,
@@ -80,40 +160,16 @@ def build_corpus(
     until: str | None = None,
     retry_failed: bool = False,
 ) -> dict[str, Any]:
-    """Run the built stages up to ``until`` on the flow's task runner; returns the summary."""
-    logger = get_run_logger()
+    """The stage flows up to ``until`` in order, each a subflow on this flow's Dask cluster;
+    returns the summary."""
     cfg = resolve_config(config)
     corpus = Corpus(_root(cfg, root))
-    corpus.write_text("config.yaml", f"# config hash {config_hash(cfg)}\n{dump_config(cfg)}")
+    # Subflows start a task runner of their own: point theirs at this flow's cluster.
+    address = FlowRunContext.get().task_runner.client.scheduler.address
     reports: dict[str, dict[str, Any]] = {}
     for name in stages_until(until):
-        if name not in BUILT:
-            logger.info("stage %s is not built yet; skipped", name)
-            continue
-        for stage in parts(name, cfg):
-            if isinstance(stage, Step):
-                reports[stage.name] = run_step_task.submit(stage.name, corpus.url, cfg).result()
-                continue
-            ctx = context(corpus, cfg)
-            size = stage.batch_size or cfg.execution.batch_size
-            batches, report = plan(stage, ctx, size, retry_failed)
-            logger.info(
-                "%s: %d items, %d done before, %d failed before, %d batches to run",
-                stage.name, report.total, report.skipped_done, report.skipped_failed, len(batches),
-            )
-            # GPU workers (`dask worker --resources GPU=1`) take featurize tasks when asked.
-            gpu = cfg.execution.gpu_resource and stage.name.startswith("featurize:")
-            with dask.annotate(**({"resources": {"GPU": 1}} if gpu else {})):
-                futures = [
-                    run_batch_task.submit(stage.name, i + 1, len(batches), batch, corpus.url, cfg)
-                    for i, batch in enumerate(batches)
-                ]
-            workers: set[str] = set()
-            for future in futures:
-                result = future.result()
-                workers.add(result.pop("worker"))
-                report.add(BatchReport(**result))
-            reports[stage.name] = {**asdict(report), "workers": sorted(workers)}
+        stage_flow = STAGE_FLOWS[name].with_options(task_runner=DaskTaskRunner(address=address))
+        reports.update(stage_flow(cfg, root=corpus.url, retry_failed=retry_failed))
     summary = summarize(corpus)
     summary["stages"] = reports
     return summary
@@ -175,13 +231,22 @@ def run_build(
     until: str | None = None,
     dask_address: str | None = None,
     retry_failed: bool = False,
+    stage: str | None = None,
 ) -> dict[str, Any]:
-    """Entry point for the CLI and tests: ``build_corpus`` on the chosen Dask task runner."""
+    """Entry point for the CLI and tests: ``build_corpus``, or the flow of one ``stage`` alone,
+    on the chosen Dask task runner; returns the corpus summary with the stages' reports."""
     cfg = resolve_config(config)
     chosen = _root(cfg, root)
-    flow_fn = build_corpus.with_options(task_runner=task_runner(cfg, chosen, dask_address))
+    runner = task_runner(cfg, chosen, dask_address)
     with prefect_api():
-        return flow_fn(cfg, root=chosen, until=until, retry_failed=retry_failed)
+        if stage is None:
+            return build_corpus.with_options(task_runner=runner)(cfg, root=chosen, until=until,
+                                                                 retry_failed=retry_failed)
+        stage_flow = STAGE_FLOWS[check_name(stage)].with_options(task_runner=runner)
+        reports = stage_flow(cfg, root=chosen, retry_failed=retry_failed)
+    summary = summarize(Corpus(chosen))
+    summary["stages"] = reports
+    return summary
 
 
 @flow(name="rebuild_corpus", persist_result=False)

@@ -35,7 +35,7 @@ def _site(site_dir: Path, n_videos: int, seed: int) -> None:
     make_demo_media(site_dir, n_videos=n_videos, seed=seed)
 
 
-def run_demo(root: Path, n_videos: int = 4, seed: int = 0, until: str | None = None,
+def run_demo(root: Path, n_videos: int = 12, seed: int = 0, until: str | None = None,
              port: int = DEMO_PORT) -> dict[str, Any]:
     root = root.resolve()
     if not DEMO_CONFIG.exists():
@@ -49,5 +49,6 @@ def run_demo(root: Path, n_videos: int = 4, seed: int = 0, until: str | None = N
     with serve_demo(site_dir, port=port) as base:
         log.info("demo site at %s", base)
         urls = ListSource(type="list", path=str(site_dir / "urls.txt"))
-        cfg = cfg.model_copy(update={"sources": [urls]})
-        return run_build(cfg, root=str(root / "corpus"), until=until)
+        corpus = str(root / "corpus")
+        cfg = cfg.model_copy(update={"sources": [urls], "root": corpus})
+        return run_build(cfg, root=corpus, until=until)

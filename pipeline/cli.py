@@ -50,6 +50,14 @@ def _emit(summary: dict, mode: LogFormat) -> None:
     for kind, info in stages.get("shard", {}).items():
         out.print(f"{kind} shards: {info['samples']} samples in "
                   f"{summary['root'].rstrip('/')}/shards/{kind}", highlight=False)
+    trained = stages.get("train", {})
+    if trained.get("t2v"):
+        n, t2v = trained["n_test"], trained["t2v"]
+        out.print(f"train: text-to-video R@1 {t2v['R@1']:.1f}, R@5 {t2v['R@5']:.1f}, median rank "
+                  f"{t2v['medR']:g} on {n} {trained['split']} clips (chance: R@1 {100 / n:.1f}, "
+                  f"R@5 {min(500 / n, 100):.1f}); metrics and curve in {trained['out']}", highlight=False)
+    elif "skipped" in trained:
+        out.print(f"train skipped: {trained['skipped']}", highlight=False)
 
 
 @app.command()
@@ -59,6 +67,8 @@ def build(
     until: Annotated[str | None, typer.Option(help=f"Last stage: {', '.join(ORDER)}.")] = None,
     dask_address: Annotated[str | None, typer.Option(help="Existing Dask scheduler.")] = None,
     retry_failed: Annotated[bool, typer.Option(help="Retry permanent failures too.")] = False,
+    stage: Annotated[str | None, typer.Option(help="Run this stage's flow alone (its inputs "
+                                                   "must be built).")] = None,
     quiet: Quiet = False,
     json_logs: JsonLogs = False,
 ) -> None:
@@ -66,15 +76,18 @@ def build(
     mode = _logging(quiet, json_logs)
     try:
         cfg = load_config(config)
-        if until is not None:
-            check_name(until)
+        for name in (until, stage):
+            if name is not None:
+                check_name(name)
+        if until is not None and stage is not None:
+            raise ValueError("--until and --stage exclude each other")
     except (ConfigError, ValueError) as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
     from flows.build import run_build  # Prefect is imported only when a build runs
 
     summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
-                        retry_failed=retry_failed)
+                        retry_failed=retry_failed, stage=stage)
     _emit(summary, mode)
 
 
@@ -83,7 +96,7 @@ def demo(
     root: Annotated[Path, typer.Option(help="Where the demo site and corpus go.")] = Path(
         "demo-corpus"
     ),
-    videos: Annotated[int, typer.Option(min=1, help="Narrated videos to generate.")] = 4,
+    videos: Annotated[int, typer.Option(min=1, help="Narrated videos to generate.")] = 12,
     seed: Annotated[int, typer.Option(help="Seed of the generated videos.")] = 0,
     until: Annotated[str | None, typer.Option(help="Last stage.")] = None,
     port: Annotated[int, typer.Option(help="Port of the demo site on 127.0.0.1.")] = 8765,

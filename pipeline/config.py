@@ -292,7 +292,11 @@ class DownloadConfig(BaseModel):
     subtitle_langs: list[str] = Field(default_factory=lambda: ["en"])
     manual_subtitles: bool = True
     auto_subtitles: bool = Field(True, description="fallback when no manual subtitles exist")
-    concurrency: int = Field(4, ge=1)
+    concurrency: int = Field(4, ge=1, description="videos in flight at once, across the cluster")
+    concurrency_limit: str = Field(
+        "vlcorpus-download", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="the Prefect global concurrency limit downloads take slots of (sized to "
+                    "`concurrency` by each build): builds sharing a name share the slots")
     rate_limit: str | None = Field(
         None, pattern=r"^\d+(\.\d+)?[KMGkmg]?$", description='bytes per second, e.g. "2M"'
     )
@@ -468,7 +472,8 @@ class ExtractorConfig(BaseModel):
     frames: int | None = Field(
         None, gt=0, description="N frames per clip: at fps if set, else spread uniformly"
     )
-    weights: str = Field("default", min_length=1, description='"default", "none" or a local path')
+    weights: str = Field("default", min_length=1, description='"default", "none", a local path, '
+                         'or package:<module> (the folder <module>.get_model_path() returns)')
     batch_size: int = Field(32, gt=0)
     short_side: int | None = Field(None, gt=0, description="None: frames.short_side")
     crop: int | None = Field(None, gt=0, description="None: frames.crop")

@@ -7,9 +7,11 @@ becomes an errors row. Concurrency is bounded cluster-wide by ``download.concurr
 
 from __future__ import annotations
 
+import glob
 import os
 import posixpath
 import tempfile
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -19,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from yt_dlp.utils import download_range_func
 
-from pipeline.config import Config
+from pipeline.config import Config, DownloadConfig
 from pipeline.discover import scheme_problem
 from pipeline.errors import BadInputError, PermanentError
 from pipeline.limits import slot
@@ -48,6 +50,10 @@ def ytdlp_options(cfg: Config, workdir: str, vid: str, row: dict[str, Any]) -> d
         "continuedl": True,
         "overwrites": False,
     }
+    if urlsplit(row["url"]).scheme.lower() == "file":
+        # Only a file:// URL the list itself names (its scheme passed download.allowed_schemes):
+        # pages fetched over the web never get to read local files.
+        opts["enable_file_urls"] = True
     start, end = row.get("start_s"), row.get("end_s")
     if dl.partial and start is not None and end is not None:
         pad = dl.section_padding_s
@@ -67,12 +73,50 @@ def _subtitle_rows(info: dict[str, Any], workdir: str, vid: str) -> list[dict[st
     return rows
 
 
-def _media_path(info: dict[str, Any]) -> str:
+def _media_path(info: dict[str, Any], notes: Sequence[str] = ()) -> str:
     downloads = info.get("requested_downloads") or []
     path = (downloads[0].get("filepath") if downloads else None) or info.get("filepath")
     if not path or not os.path.exists(path):
-        raise BadInputError("yt-dlp reported no media file")
+        # yt-dlp skips a file over max_filesize (as the server declares it) without an error.
+        raise BadInputError(f"not downloaded: {notes[-1]}" if notes else "yt-dlp reported no media file")
     return path
+
+
+class FileTooLarge(BadInputError):
+    pass
+
+
+class DownloadTooSlow(PermanentError):
+    pass
+
+
+class _Caps:
+    """A yt-dlp progress hook that stops a download past ``download.max_filesize_mb`` (all files
+    of the video together) or transferring for longer than ``download.timeout_s`` (from its
+    first block on). yt-dlp checks the size only when the server declares it, and its socket
+    timeout catches a server that goes silent, not one that trickles; this hook sees every
+    block received."""
+
+    def __init__(self, cfg: DownloadConfig) -> None:
+        self.max_mb = cfg.max_filesize_mb
+        self.timeout_s = cfg.timeout_s
+        self.start: float | None = None
+        self.received: dict[str, int] = {}
+        self.files: set[str] = set()  # every file written, partial ones included
+
+    def __call__(self, status: dict[str, Any]) -> None:
+        names = [status.get("tmpfilename"), status.get("filename")]
+        self.files.update(name for name in names if name)
+        self.received[status.get("filename") or ""] = status.get("downloaded_bytes") or 0
+        total = sum(self.received.values())
+        if self.max_mb is not None and total > self.max_mb * 1024 * 1024:
+            raise FileTooLarge(f"media is larger than download.max_filesize_mb ({self.max_mb:g} MB): "
+                               f"stopped after {total} bytes")
+        if self.start is None:
+            self.start = time.monotonic()
+        elif time.monotonic() - self.start > self.timeout_s:
+            raise DownloadTooSlow(f"download took longer than download.timeout_s "
+                                  f"({self.timeout_s:g} s): stopped after {total} bytes")
 
 
 def _remove(paths: Sequence[str]) -> None:
@@ -84,9 +128,16 @@ def _remove(paths: Sequence[str]) -> None:
 def _fetch(row: dict[str, Any], cfg: Config, workdir: str) -> dict[str, Any]:
     vid = row["video_id"]
     opts = ytdlp_options(cfg, workdir, vid, row)
-    with slot("download", cfg.download.concurrency):
-        info = extract(row["url"], opts, download=True)
-    media = _media_path(info)
+    with slot(cfg.download.concurrency_limit, cfg.download.concurrency):
+        caps = _Caps(cfg.download)
+        opts["progress_hooks"] = [caps]
+        try:
+            info = extract(row["url"], opts, download=True)
+        except (FileTooLarge, DownloadTooSlow):
+            # Nothing to resume: the next try would stop at the same cap.
+            _remove(sorted(caps.files | {f"{name}.part" for name in caps.files}))
+            raise
+    media = _media_path(info, opts["logger"].notes)
     subs = _subtitle_rows(info, workdir, vid)
     try:
         probe = check_video(media)
@@ -117,7 +168,8 @@ def _local(row: dict[str, Any]) -> dict[str, Any]:
     probe = check_video(path)
     stem = os.path.splitext(path)[0]
     subs = []
-    for candidate in sorted(Path(path).parent.glob(Path(stem).name + ".*")):
+    # Escaped: a name like "tour [2019].mp4" is no pattern.
+    for candidate in sorted(Path(path).parent.glob(glob.escape(Path(stem).name) + ".*")):
         name = candidate.name[len(Path(stem).name):]  # ".en.vtt" or ".srt"
         if candidate.suffix.lower() in SIDECAR_EXTENSIONS:
             lang = name[1:].rsplit(".", 1)[0] if name.count(".") > 1 else "und"

@@ -1,43 +1,45 @@
-"""Concurrency limits shared by every task: cluster-wide on Dask, process-wide otherwise."""
+"""Concurrency limits shared by every task: process-wide by default; a runner that spreads
+tasks over a cluster installs a cluster-wide backend (flows/ installs Prefect's global
+concurrency limits)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+
+Backend = Callable[[str, int], AbstractContextManager[None]]
 
 _lock = threading.Lock()
-_semaphores: dict[tuple[str, int], Any] = {}
-
-
-def _semaphore(name: str, limit: int) -> Any:
-    with _lock:
-        key = (name, limit)
-        if key not in _semaphores:
-            _semaphores[key] = _cluster_semaphore(name, limit) or threading.BoundedSemaphore(limit)
-        return _semaphores[key]
-
-
-def _cluster_semaphore(name: str, limit: int) -> Any:
-    """A Dask semaphore when running on a Dask worker, so the limit holds across workers."""
-    try:
-        from distributed import Semaphore, get_worker
-    except ImportError:
-        return None
-    try:
-        get_worker()
-    except ValueError:
-        return None
-    return Semaphore(max_leases=limit, name=f"vlcorpus-{name}-{limit}")
+_semaphores: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+_backend: Backend | None = None
+_users = 0
 
 
 @contextmanager
-def slot(name: str, limit: int) -> Iterator[None]:
-    """Hold one of ``limit`` slots named ``name`` for the duration of the block."""
-    semaphore = _semaphore(name, limit)
-    semaphore.acquire()
+def using(backend: Backend) -> Iterator[None]:
+    """Take every slot of this process from ``backend(name, limit)`` while the block runs; the
+    blocks of tasks running side by side in one process nest (the last one out restores)."""
+    global _backend, _users
+    with _lock:
+        _backend, _users = backend, _users + 1
     try:
         yield
     finally:
-        semaphore.release()
+        with _lock:
+            _users -= 1
+            if _users == 0:
+                _backend = None
+
+
+@contextmanager
+def _process_slot(name: str, limit: int) -> Iterator[None]:
+    with _lock:
+        semaphore = _semaphores.setdefault((name, limit), threading.BoundedSemaphore(limit))
+    with semaphore:
+        yield
+
+
+def slot(name: str, limit: int) -> AbstractContextManager[None]:
+    """Hold one of ``limit`` slots named ``name`` for the duration of the block."""
+    return (_backend or _process_slot)(name, limit)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def kit_stages(monkeypatch):
     """Register the test stages as download and transcribe, as later issues' stages will be."""
     stagekit._flaky_seen.clear()
-    monkeypatch.delitem(stages.BUILT, "discover")
+    monkeypatch.setitem(stages.BUILT, "discover", lambda cfg: [])
     monkeypatch.setitem(stages.BUILT, "download", lambda cfg: [stagekit.DOWNLOAD])
     monkeypatch.setitem(stages.BUILT, "transcribe", lambda cfg: [stagekit.TRANSCRIBE])
 
@@ -50,3 +50,28 @@ def test_build_corpus_runs_built_stages_in_order_with_until(prefect_harness, kit
     assert second["tables"]["segments"] == sum(corpus.done("segments").values())
     assert second["errors"] == {"download": {"bad_input": 1}}
     assert validate(corpus) == []
+
+
+def test_each_stage_is_a_flow_of_its_own(prefect_harness, kit_stages, memory_root):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    from flows.build import STAGE_FLOWS
+
+    assert list(STAGE_FLOWS) == list(stages.ORDER)
+    cfg = _config(memory_root)
+    corpus = Corpus(memory_root)
+    stagekit.make_videos(corpus, 4)
+    alone = run_build(cfg, stage="download")
+    assert set(alone["stages"]) == {"download"} and alone["stages"]["download"]["ok"] == 4
+    assert "segments" not in alone["tables"]
+    whole = run_build(cfg, until="transcribe")
+    assert whole["stages"]["download"]["items"] == 0 and whole["stages"]["transcribe"]["ok"] == 4
+    # build_corpus ran every stage as a subflow of its own flow run.
+    # Explicit limit and sort: Prefect 3.8.8's defaults (None) are refused by its own server.
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(limit=200, sort=FlowRunSort.START_TIME_ASC)
+        names = {r.flow_id: client.read_flow(r.flow_id).name for r in runs}
+    parent = {r.id: r for r in runs if names[r.flow_id] == "build_corpus"}
+    children = [names[r.flow_id] for r in runs if r.parent_task_run_id is not None]
+    assert parent and {"discover", "download", "transcribe"} <= set(children)
