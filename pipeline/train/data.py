@@ -343,7 +343,7 @@ def collate(pairs: PairSet, idx: Sequence[int], opts: BatchOptions,
         for i in idx:
             pool = np.flatnonzero(groups != groups[i])
             if len(pool) == 0:
-                raise ValueError("WAL negatives need pairs from at least two groups")
+                raise PairsError("WAL negatives need pairs from at least two groups")
             vis_idx.append(i)
             text_idx.append(int(rng.choice(pool)))
             labels.append(0.0)

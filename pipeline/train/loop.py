@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.train import losses, metrics
-from pipeline.train.data import BatchOptions, GroupBatchSampler, PairSet, collate, epoch_rng, full_batches
+from pipeline.train.data import BatchOptions, GroupBatchSampler, PairSet, PairsError, collate, epoch_rng, full_batches
 from pipeline.train.models import RetrievalModel, build_model
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def evaluate_model(model: RetrievalModel, pairs: PairSet, device: torch.device, 
     """Retrieval metrics on the test split (or on all pairs when none is marked test)."""
     test = pairs.subset("test") if "test" in pairs.splits else pairs
     if len(test) < 2:
-        raise ValueError(f"evaluation needs at least 2 test pairs, got {len(test)}")
+        raise PairsError(f"evaluation needs at least 2 test pairs, got {len(test)}")
     sim = similarity_matrix(model, test, device)
     if len(test) >= 1000:
         out: dict[str, Any] = metrics.subset_protocol(sim, seed=seed)
@@ -159,6 +159,7 @@ def evaluate_model(model: RetrievalModel, pairs: PairSet, device: torch.device, 
     except ValueError:
         out["mc_acc"] = None
     out["n_test"] = len(test)
+    out["split"] = "test" if test is not pairs else "all"
     return out
 
 
@@ -213,7 +214,7 @@ def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume:
     seed_everything(cfg.seed)
     train_set = pairs.subset("train")
     if len(train_set) < 2:
-        raise ValueError(f"training needs at least 2 train pairs, got {len(train_set)}")
+        raise PairsError(f"training needs at least 2 train pairs, got {len(train_set)}")
     model = build_model(cfg, pairs.visual_dim, pairs.text_dim).to(dev)
     opt, sched = make_optimizer(model, cfg)
     use_amp = dev.type == "cuda"

@@ -8,7 +8,8 @@ from typing import Any
 from pipeline.config import Config
 from pipeline.runner import StageContext
 from pipeline.storage import Corpus
-from pipeline.train.data import PairSet
+from pipeline.progress import log
+from pipeline.train.data import PairSet, PairsError
 from pipeline.train.loop import evaluate, train
 
 
@@ -47,6 +48,11 @@ def train_step(ctx: StageContext) -> dict[str, Any]:
     cfg: Config = ctx.config
     if cfg.train is None:
         return {"skipped": "no train section"}
-    metrics = train_corpus(ctx.corpus, cfg)
-    return {"t2v": metrics.get("t2v"), "v2t": metrics.get("v2t"), "mc_acc": metrics.get("mc_acc"),
-            "out": str(default_out(ctx.corpus, cfg))}
+    try:
+        metrics = train_corpus(ctx.corpus, cfg)
+    except PairsError as exc:
+        # Too little data to train on is a fact about this corpus, not a failed build.
+        log.warning("train skipped: %s", exc)
+        return {"skipped": str(exc)}
+    keys = ("t2v", "v2t", "mc_acc", "n_test", "protocol", "split")
+    return {**{k: metrics.get(k) for k in keys}, "out": str(default_out(ctx.corpus, cfg))}
