@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections import deque
 from typing import Any
 
 import yt_dlp
+from yt_dlp.networking.exceptions import RequestError
 from yt_dlp.utils import parse_bytes
 
 from pipeline.config import DownloadConfig
@@ -28,6 +30,9 @@ _KINDS: list[tuple[re.Pattern[str], ErrorKind]] = [
         (r"Unsupported URL|No video formats found|Requested format is not available"
          r"|is not a valid URL|no suitable InfoExtractor|Unable to extract"
          r"|File is larger than max-filesize|does not pass filter", ErrorKind.BAD_INPUT),
+        # A page or redirect that points at a local file (or another scheme yt-dlp refuses).
+        (r"file:// URLs are disabled|No connection adapters were found|Unsupported url scheme",
+         ErrorKind.BAD_INPUT),
     ]
 ]
 
@@ -52,11 +57,23 @@ def clean_message(message: str) -> str:
     return re.sub(r"^ERROR:\s*", "", text)
 
 
+# yt-dlp says why it skipped a download only on screen ("File is larger than max-filesize
+# (... bytes > ... bytes). Aborting."), not with an exception: such lines are kept for the error.
+_NOTABLE = re.compile(r"larger than max-filesize|smaller than min-filesize|does not pass filter", re.I)
+
+
 class _Logger:
-    """Routes yt-dlp's output to our logger at debug level; its errors surface as exceptions."""
+    """Routes yt-dlp's output to our logger at debug level; its errors surface as exceptions.
+    ``notes`` keeps the last few screen lines that explain a skipped download."""
+
+    def __init__(self) -> None:
+        self.notes: deque[str] = deque(maxlen=4)
 
     def debug(self, msg: str) -> None:
         log.debug("yt-dlp: %s", msg)
+        if _NOTABLE.search(msg):
+            note = re.sub(r"^\[\w+\]\s*", "", clean_message(msg)).removesuffix(" Aborting.")
+            self.notes.append(note)
 
     def info(self, msg: str) -> None:
         log.debug("yt-dlp: %s", msg)
@@ -105,6 +122,8 @@ def extract(url: str, opts: dict[str, Any], download: bool) -> dict[str, Any]:
         with yt_dlp.YoutubeDL(opts) as ydl:
             info = ydl.extract_info(url, download=download)
             return ydl.sanitize_info(info)
-    except yt_dlp.utils.DownloadError as exc:
+    except (yt_dlp.utils.DownloadError, RequestError) as exc:
+        # Most failures come wrapped in DownloadError; a few network errors (e.g. a redirect to
+        # a file:// URL) come out of yt-dlp bare.
         message = clean_message(str(exc))
         raise _ERRORS[classify_message(message)](message) from None
