@@ -9,7 +9,7 @@ import subprocess
 import wave
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Literal
 
@@ -63,13 +63,48 @@ def probe(path: str) -> MediaInfo:
     )
 
 
+# A container may claim a duration this much longer than its video stream lasts and keep it
+# (audio that runs on a little); beyond it the claim is metadata gone wrong.
+DURATION_SLACK_S = 1.0
+
+
+def video_end(path: str) -> float | None:
+    """Where the first video stream really ends, in seconds from the media start: the end of
+    its last packet, read from the packets after the last keyframe (no decoding), not from
+    metadata. None when the stream has no packets."""
+    try:
+        with av.open(path) as container:
+            if not container.streams.video:
+                return None
+            stream = container.streams.video[0]
+            offset = (container.start_time or 0) / 1e6
+            base = float(stream.time_base)
+            end = None
+            # Seeking far past the end lands on the last keyframe the index knows; without an
+            # index (or when the seek lands after every packet) read the stream from the start.
+            for seek_to in (2**62, 0):
+                try:
+                    container.seek(seek_to, stream=stream, backward=True)
+                except av.FFmpegError:
+                    continue
+                for packet in container.demux(stream):
+                    if packet.pts is not None:
+                        packet_end = (packet.pts + (packet.duration or 0)) * base - offset
+                        end = packet_end if end is None else max(end, packet_end)
+                if end is not None:
+                    break
+            return end
+    except (av.FFmpegError, OSError) as exc:
+        raise BadInputError(f"unreadable media: {exc}") from None
+
+
 def check_video(path: str, timeout_s: float = 120.0) -> MediaInfo:
-    """A video stream, a positive duration, and an end that decodes (catches cut files)."""
+    """A video stream with frames, an end that decodes (catches cut files), and a duration
+    from the stream itself when the metadata has none, or claims far more than the stream holds
+    (NaN, 1e9 s): downstream stages cut clips up to ``duration_s``."""
     info = probe(path)
     if not info.has_video:
         raise BadInputError("no video stream")
-    if info.duration_s <= 0:
-        raise BadInputError("duration is 0")
     # Decode the last second: a file cut short after its index still probes fine.
     cmd = ["ffmpeg", "-nostdin", "-v", "error", "-sseof", "-1", "-i", path, "-map", "0:v:0",
            "-f", "null", "-"]
@@ -81,6 +116,13 @@ def check_video(path: str, timeout_s: float = 120.0) -> MediaInfo:
     if result.returncode != 0 or errors:
         first = errors.splitlines()[0] if errors else f"ffmpeg exit {result.returncode}"
         raise BadInputError(f"truncated or corrupt media: {first}")
+    end = video_end(path)
+    if end is None:
+        raise BadInputError("the video stream has no frames")
+    if end <= 0:
+        raise BadInputError("duration is 0")
+    if not 0 < info.duration_s <= end + DURATION_SLACK_S:
+        return replace(info, duration_s=end)
     return info
 
 
