@@ -11,7 +11,9 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import math
 import posixpath
+import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -105,7 +107,7 @@ def _number(value: Any) -> float | None:
         number = float(value)
     except (TypeError, ValueError):
         return None
-    return number if number == number and number >= 0 else None  # NaN and negatives: unknown
+    return number if math.isfinite(number) and number >= 0 else None  # NaN, inf, negatives: unknown
 
 
 def _row(url: str, source: str, query: str | None, extractor: str, ident: str,
@@ -145,6 +147,26 @@ def row_from_entry(entry: dict[str, Any], source: str, query: str) -> dict[str, 
         subtitles_auto=(sorted(entry["automatic_captions"])
                         if entry.get("automatic_captions") else None),
     )
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A record of a list file that names no video to fetch: an errors row, not a videos row."""
+
+    item_id: str
+    message: str
+
+
+def _text(value: Any) -> str:
+    """A list cell as text; empty for None and NaN (a null in a parquet or pandas-made list)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value).strip()
+
+
+# Line breaks, NULs and other control characters: never part of a URL, and a sign of a broken
+# list (an unclosed quote swallowing the next lines, binary junk).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def row_from_url(url: str, source: str, query: str | None, **meta: Any) -> dict[str, Any]:
@@ -194,14 +216,16 @@ def _read_list(spec: ListSource) -> list[dict[str, Any]]:
     if fmt == "txt":
         lines = (line.strip() for line in text.splitlines())
         return [{"value": line} for line in lines if line and not line.startswith("#")]
+    # Strict: an unclosed quote would otherwise swallow the records after it without a word.
+    reader = csv.DictReader(io.StringIO(text), strict=True)
     try:
-        records = list(csv.DictReader(io.StringIO(text)))
+        records = list(reader)
     except csv.Error as exc:
         raise BadInputError(f"malformed csv list {spec.path}: {exc}") from None
     return records
 
 
-def _list_rows(spec: ListSource) -> list[dict]:
+def _list_rows(spec: ListSource) -> list[dict | BadRecord]:
     records = _read_list(spec)
     if records and spec.file_format != "txt":
         wanted = [c for c in (spec.id_column if spec.url_template else spec.url_column,
@@ -210,17 +234,25 @@ def _list_rows(spec: ListSource) -> list[dict]:
         if missing:
             raise BadInputError(f"list {spec.path} has no column(s) {', '.join(missing)}; "
                                 f"columns: {', '.join(records[0])}")
-    rows = []
+    rows: list[dict | BadRecord] = []
     for number, record in enumerate(records, start=1):
+        item, where = f"list:{spec.path}#{number}", f"list {spec.path}: record {number}"
         if spec.file_format == "txt":
             value = record["value"]
             url = spec.url_template.format(id=value) if spec.url_template else value
         elif spec.url_template:
-            url = spec.url_template.format(id=str(record[spec.id_column]).strip())
+            ident = _text(record[spec.id_column])
+            if not ident:
+                rows.append(BadRecord(item, f"{where} has no {spec.id_column}"))
+                continue
+            url = spec.url_template.format(id=ident)
         else:
-            url = str(record[spec.url_column] or "").strip()
+            url = _text(record[spec.url_column])
         if not url:
-            log.warning("list %s: record %d has no URL; skipped", spec.path, number)
+            rows.append(BadRecord(item, f"{where} has no {spec.url_column}"))
+            continue
+        if _CONTROL.search(url):
+            rows.append(BadRecord(item, f"{where}: {url[:100]!r} is not a URL (control characters)"))
             continue
         start = _number(record.get(spec.start_column)) if spec.start_column else None
         end = _number(record.get(spec.end_column)) if spec.end_column else None
@@ -243,13 +275,17 @@ def _folder_rows(spec: FolderSource) -> list[dict]:
         if posixpath.splitext(path)[1].lower() not in spec.extensions:
             continue
         relative = posixpath.splitext(posixpath.relpath(path, root))[0]
+        if not relative.isascii():
+            # safe_id turns every non-ASCII character into "_": "厨房" and "客厅" would be one id.
+            relative += "-" + hashlib.sha1(relative.encode()).hexdigest()[:8]
         rows.append(_row(f"file://{path}", "folder", spec.path, "local", safe_id(relative),
                          title=posixpath.basename(path)))
     return rows
 
 
-def list_query(query: Query, cfg: Config) -> list[dict[str, Any]]:
-    """The videos rows one query yields (before dedup, scheme checks and filters)."""
+def list_query(query: Query, cfg: Config) -> list[dict[str, Any] | BadRecord]:
+    """The videos rows one query yields (before dedup, scheme checks and filters), and the
+    records of a list that name no video."""
     spec = query.source
     match spec:
         case SearchSource():
@@ -343,8 +379,12 @@ def discover(ctx: StageContext) -> DiscoverReport:
                 report.failed_queries += 1
                 error_rows.append(_error(query.key, kind, message, tries, now))
                 continue
-            report.per_query[query.key] = len(rows)
+            report.per_query[query.key] = sum(1 for row in rows if isinstance(row, dict))
             for row in rows:
+                if isinstance(row, BadRecord):
+                    report.refused += 1
+                    error_rows.append(_error(row.item_id, ErrorKind.BAD_INPUT, row.message, 1, now))
+                    continue
                 report.found += 1
                 problem = scheme_problem(row["url"], cfg.download.allowed_schemes, row["source"])
                 if problem:
@@ -352,6 +392,15 @@ def discover(ctx: StageContext) -> DiscoverReport:
                     error_rows.append(_error(row["url"], ErrorKind.BAD_INPUT, problem, 1, now))
                     continue
                 if row["video_id"] in found:
+                    first = found[row["video_id"]]
+                    if row["source"] == "folder" and first["url"] != row["url"]:
+                        # Two files, not one video found twice: neither may vanish silently.
+                        report.refused += 1
+                        error_rows.append(_error(
+                            row["url"], ErrorKind.BAD_INPUT,
+                            f"{row['url']} gets the same video id {row['video_id']!r} as "
+                            f"{first['url']}; rename one of them", 1, now))
+                        continue
                     report.duplicates += 1
                     continue
                 reason = drop_reason(row, cfg.filters)
