@@ -52,12 +52,18 @@ _EXTEND_TO_S = 0.35
 _TS = r"(?:\d+:)?\d{1,2}:\d{1,2}(?:[.,]\d+)?"
 _TS_PARTS = re.compile(r"(?:(\d+):)?(\d{1,2}):(\d{1,2})(?:[.,](\d+))?")
 _TIMING = re.compile(rf"^[ \t]*({_TS})[ \t]*-->[ \t]*({_TS})(?=\s|$)", re.MULTILINE)
+# A line that means to be a timing (digits before the arrow), readable or not; any other line
+# with an arrow inside a cue is text (e.g. an HTML comment, "<!-- ... -->").
+_TIMING_LIKE = re.compile(r"^[ \t]*[\d:.,]+[ \t]*-->")
 _INLINE_TS = re.compile(r"<((?:\d+:)?\d{1,2}:\d{1,2}\.\d+)>")
 # YouTube's auto captions time each word as <timestamp><c> word</c>.
 _YOUTUBE_WORD = re.compile(r"<(?:\d+:)?\d{1,2}:\d{1,2}\.\d+><c>")
 # Blocks that hold no cue text, wherever they are.
 _NON_CUE_BLOCK = re.compile(r"^(?:NOTE|STYLE|REGION)(?:[ \t]|$)")
 
+# Elements whose content is never shown: scripts, styles, comments (HTML pasted into captions).
+_HIDDEN = re.compile(r"<(script|style)\b[^>]*>.*?(?:</\1\s*>|\Z)|<!--.*?(?:--(?:>|&gt;)|\Z)",
+                     re.DOTALL | re.IGNORECASE)
 _RUBY_TEXT = re.compile(r"<(rt|rp)\b[^>]*>.*?(?:</\1>|(?=</ruby>)|\Z)", re.DOTALL)
 # Cue tags (<v Name>, <c.x>, </c>, <b>, <00:01.000>, <font ...>) and SRT/ASS overrides ({\an8}).
 _TAG = re.compile(r"</?[A-Za-z][^<>]*>|</>|<\d[\d:.]*>|\{\\[^{}]*\}")
@@ -81,6 +87,18 @@ _SPEAKER_NAME = re.compile(r"^\s*([^\W\d_][\w.'’-]*(?: [\w.'’-]+){0,2}):(?=\
 _CLOSING_PUNCT = re.compile(r"^[?!.,;:…»)\]\"”’]+$")
 # A token of only dashes or rules is filler ("---"), not a word.
 _FILLER = re.compile(r"^[-‐–—_=~*#]+$")
+
+
+# Larger files are refused: parsing takes about 1 s and 50 MB of memory per MB of captions,
+# and real ones stay far below (ten hours of YouTube auto captions are a few MB).
+MAX_SUBTITLE_BYTES = 16 * 1024 * 1024
+
+
+def check_size(n_bytes: int) -> None:
+    """BadInputError for a subtitle file over MAX_SUBTITLE_BYTES."""
+    if n_bytes > MAX_SUBTITLE_BYTES:
+        raise BadInputError(f"subtitle file is {n_bytes / 2**20:.1f} MB, over the "
+                            f"{MAX_SUBTITLE_BYTES / 2**20:.0f} MB limit")
 
 
 @dataclass(frozen=True)
@@ -150,9 +168,12 @@ def read_cues(source: str | Path | bytes, fmt: Format | None = None) -> list[Cue
 
 def _source_text(source: str | Path | bytes) -> str:
     if isinstance(source, bytes):
+        check_size(len(source))
         return decode_subtitle_bytes(source)
     if isinstance(source, Path) or _names_file(source):
+        check_size(Path(source).stat().st_size)
         return decode_subtitle_bytes(Path(source).read_bytes())
+    check_size(len(source))
     return _clean_text_file(source)
 
 
@@ -209,7 +230,7 @@ def _canonical(text: str, fmt: Format) -> tuple[str, int]:
     after_blank = False
     in_other_block = False
     for i, line in enumerate(lines):
-        if "-->" in line:
+        if "-->" in line and (payload is None or _TIMING_LIKE.match(line)):
             timing = _TIMING.match(line)
             times = (_milliseconds(timing[1]), _milliseconds(timing[2])) if timing else None
             if times is None or None in times:
@@ -220,6 +241,8 @@ def _canonical(text: str, fmt: Format) -> tuple[str, int]:
             cues.append((times[0], times[1], payload))
             after_blank = in_other_block = False
             continue
+        # An arrow in cue text would read as a timing to webvtt-py; its entity reads back as it.
+        line = line.replace("-->", "--&gt;")
         if not line:
             after_blank = True
             in_other_block = False
@@ -261,9 +284,9 @@ def _canonical(text: str, fmt: Format) -> tuple[str, int]:
 
 def _untagged(raw: str) -> str:
     """Cue text without tags or entities, odd spaces made plain spaces."""
-    text = _TAG.sub("", _RUBY_TEXT.sub("", raw))
+    text = _TAG.sub("", _HIDDEN.sub("", _RUBY_TEXT.sub("", raw)))
     # Some files escape twice ("&amp;#39;") or escape their tags ("&lt;i&gt;").
-    text = _TAG.sub("", html.unescape(html.unescape(text)))
+    text = _TAG.sub("", _HIDDEN.sub("", html.unescape(html.unescape(text))))
     return _INVISIBLE.sub("", _ODD_SPACES.sub(" ", text))
 
 

@@ -20,7 +20,7 @@ from pipeline.progress import log
 from pipeline.runner import Item, Stage, StageContext, input_items, per_item
 from pipeline.segment import Sentence, split_sentences
 from pipeline.storage import Corpus
-from pipeline.subtitles import subtitle_sentences
+from pipeline.subtitles import check_size, subtitle_sentences
 
 SUBTITLE_SUFFIXES = (".vtt", ".srt")
 
@@ -41,6 +41,7 @@ def _subtitle_options(
     for sub in sorted(subs, key=lambda s: (order.get(s["lang"], len(order)), s["lang"])):
         try:
             with corpus.local_file(sub["path"]) as path:
+                check_size(Path(path).stat().st_size)  # before reading it all into memory
                 data = Path(path).read_bytes()
             sentences, layout = subtitle_sentences(data, cfg.sentences, cfg.drop_sound_tags)
         except (StageError, OSError) as exc:
