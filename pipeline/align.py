@@ -15,6 +15,7 @@ Splits are per video, by a hash of its id, so no video has clips on two sides.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -170,6 +171,11 @@ def fixed_spans(sentences: list[Span], cfg: AlignConfig, duration: float | None,
     """Windows of length_s centred on each narration, and each one's nearest narrations."""
     narrations = [s for s in sentences if _HAS_TEXT.search(s.text)]
     drops["no_text"] += len(sentences) - len(narrations)
+    if duration:
+        # A narration after the end (captions longer than the media) has no video to show.
+        inside = [s for s in narrations if s.start_s < duration]
+        drops["beyond_media"] += len(narrations) - len(inside)
+        narrations = inside
     out = []
     for span in narrations:
         centre = (span.start_s + span.end_s) / 2
@@ -196,12 +202,34 @@ def whole_span(sentences: list[Span], video: dict[str, Any], duration: float | N
         return []
     if duration:
         end = min(end, duration)
+    if end <= start:  # a listed span that starts after the media ends
+        drops["outside_span"] += len(sentences)
+        return []
     inside = [s for s in sentences if s.end_s > start and s.start_s < end and _HAS_TEXT.search(s.text)]
     drops["outside_span"] += len(sentences) - len(inside)
     text = " ".join(s.text for s in inside)
     if not text:
         return []
     return [Span(start, end, text, inside[0].index)]
+
+
+def _milliseconds(pairs: list[tuple[Span, list[str]]], duration: float | None,
+                  drops: Counter) -> list[tuple[Span, list[str]]]:
+    """Spans in millisecond times, rounding the length rather than the end so that a 3.2 s
+    window stays exactly 3.2 s; one that rounding would end past the media moves back (by
+    under a millisecond), and one that rounds to nothing is dropped."""
+    last_ms = math.floor(duration * 1000 + 1e-6) / 1000 if duration else None
+    out = []
+    for span, candidates in pairs:
+        start = round(span.start_s, 3)
+        end = round(start + round(span.length, 3), 3)
+        if last_ms is not None and end > last_ms:
+            start, end = round(max(0.0, start - (end - last_ms)), 3), last_ms
+        if end <= start:
+            drops["too_short"] += 1
+            continue
+        out.append((Span(start, end, span.text, span.index), candidates))
+    return out
 
 
 def align_one(item: Item, ctx: StageContext) -> Outcome:
@@ -211,6 +239,8 @@ def align_one(item: Item, ctx: StageContext) -> Outcome:
     sentences = sorted((_span(r) for r in item.rows), key=lambda s: (s.start_s, s.index))
     source = item.rows[0]["source"]
     duration = item.info.get("duration_s")
+    if duration is not None and not (math.isfinite(duration) and duration > 0):
+        duration = None  # unknown, as when the download stage did not say
     drops: Counter = Counter()
     if acfg.policy == "fixed":
         pairs = fixed_spans(sentences, acfg, duration, drops)
@@ -219,10 +249,7 @@ def align_one(item: Item, ctx: StageContext) -> Outcome:
     else:
         pairs = [(s, []) for s in subtitle_spans(sentences, acfg, duration, drops)]
     held_out = _held_out(acfg.test_clip_ids) if acfg.test_clip_ids else frozenset()
-    # Millisecond times, rounding the length rather than the end so that a 3.2 s window
-    # stays exactly 3.2 s.
-    pairs = [(Span(round(s.start_s, 3), round(round(s.start_s, 3) + round(s.length, 3), 3),
-                   s.text, s.index), c) for s, c in pairs]
+    pairs = _milliseconds(pairs, duration, drops)
     ids = [clip_id(video, s.start_s, s.end_s) for s, _ in pairs]
     # A video with any clip in the fixed test list goes to test whole: no video on two sides.
     split = "test" if held_out & set(ids) else split_for(video, acfg.splits)
