@@ -75,3 +75,37 @@ def prefect_server(monkeypatch, tmp_path):
     monkeypatch.setenv("PREFECT_API_URL", server.api_url)
     yield server.api_url
     server.stop()
+
+
+class Tally:
+    """Counters a test module keeps over its tests, printed once at the end of the session as
+    ``<name> <counter>: <n>, <counter>: <n>`` (e.g. "bad inputs tried: 40, crashes: 0")."""
+
+    def __init__(self, name: str, counters: tuple[str, ...]) -> None:
+        self.name = name
+        self.counts = dict.fromkeys(counters, 0)
+
+    def add(self, counter: str, n: int = 1) -> None:
+        self.counts[counter] += n
+
+    def line(self) -> str:
+        return f"{self.name} " + ", ".join(f"{k}: {v}" for k, v in self.counts.items())
+
+
+_TALLIES = pytest.StashKey[dict]()
+
+
+@pytest.fixture(scope="session")
+def tally(request):
+    """``tally(name, *counters)``: the session's Tally of that name, made on first use."""
+    tallies = request.config.stash.setdefault(_TALLIES, {})
+
+    def get(name: str, *counters: str) -> Tally:
+        return tallies.setdefault(name, Tally(name, counters))
+
+    return get
+
+
+def pytest_terminal_summary(terminalreporter):
+    for tally in terminalreporter.config.stash.get(_TALLIES, {}).values():
+        terminalreporter.write_line(tally.line())
