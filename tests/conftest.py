@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +27,38 @@ def require_binaries(*names: str) -> None:
     missing = [n for n in names if shutil.which(n) is None]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (apt-get install -y ffmpeg espeak-ng)")
+
+
+@contextmanager
+def dask_cluster(tmp_path: Path, workers: list[tuple[str, list[str]]]) -> Iterator[tuple[str, dict]]:
+    """A real Dask cluster on 127.0.0.1: `dask scheduler` and one `dask worker` process group
+    (nanny and worker, 1 thread) per (name, extra args); yields (address, {name: Popen})."""
+    dask = str(Path(sys.executable).parent / "dask")
+    scheduler_file = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0",
+                               "--scheduler-file", str(scheduler_file), "--no-dashboard"])]
+    named = {}
+    try:
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for name, extra in workers:
+            named[name] = subprocess.Popen(
+                [dask, "worker", "--scheduler-file", str(scheduler_file), "--name", name,
+                 "--nthreads", "1", "--nworkers", "1", "--host", "127.0.0.1", "--no-dashboard",
+                 *extra], start_new_session=True)
+            procs.append(named[name])
+        address = json.loads(scheduler_file.read_text())["address"]
+        from distributed import Client
+
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(len(workers), timeout=60)
+        yield address, named
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,244 @@
+"""Faults never lose data: SIGKILL at random points of a build, a disk that fills up or refuses
+writes while a batch is committed, and a Dask worker killed mid-task.
+
+The random-kill test drives the real stages in order without Prefect (the same calls the stage
+flows make, minus the orchestration), so that each kill costs seconds and many seeds fit in
+the suite; tests/test_build_kill.py kills the whole `vlcorpus build` process group, Prefect
+server and Dask workers included, at each stage. At the end of the session pytest prints
+"fault points tried: N, mismatched rebuilds: M".
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import dask_cluster, require_binaries
+from pipeline import download
+from pipeline.config import parse_config
+from pipeline.demo import serve_demo
+from pipeline.discover import discover
+from pipeline.runner import run_stage
+from pipeline.stages import context
+from pipeline.storage import Corpus
+from pipeline.validate import validate
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).resolve().parent
+VOLATILE = {"discovered_at", "downloaded_at", "time"}
+SEEDS = range(4)
+KILLS_PER_SEED = 3
+
+# Every stage in build order, as the stage flows run them, in one process.
+DRIVER = """
+import sys
+from pipeline.config import load_config
+from pipeline.runner import run_stage
+from pipeline.stages import ORDER, Step, context, parts
+from pipeline.storage import Corpus
+
+cfg = load_config(sys.argv[1])
+ctx = context(Corpus(sys.argv[2]), cfg)
+for name in ORDER:
+    for part in parts(name, cfg):
+        if isinstance(part, Step):
+            part(ctx)
+        else:
+            run_stage(part, ctx, part.batch_size or cfg.execution.batch_size)
+"""
+
+
+def _config(path: Path, urls: Path) -> Path:
+    path.write_text(yaml.safe_dump({
+        "name": "faults",
+        "sources": [{"type": "list", "path": str(urls)}],
+        "download": {"subtitle_langs": ["en", "en-auto"]},
+        "transcribe": {"prefer": ["manual"]},
+        "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"}],
+                     "clips_per_commit": 2},
+        "shards": {"webdataset": {"samples_per_shard": 3}, "parquet": {"rows_per_file": 3}},
+        "execution": {"batch_size": 1, "retry_backoff_s": 0},
+    }))
+    return path
+
+
+def _start(config: Path, root: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", DRIVER, str(config), str(root)],
+                            env={**os.environ, "PYTHONPATH": str(TESTS.parent)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(config: Path, root: Path) -> None:
+    proc = _start(config, root)
+    assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
+
+
+def tables(root: Path) -> dict[str, list]:
+    """Every table's rows, sorted, without times, and with the root in paths and messages
+    written as ROOT (the two builds under comparison live in different folders)."""
+    corpus = Corpus(str(root))
+    out = {}
+    for table in corpus.tables():
+        data = corpus.read(table)
+        keep = [c for c in data.column_names if c not in VOLATILE]
+        rows = json.loads(json.dumps(data.select(keep).to_pylist(), default=str).replace(str(root), "ROOT"))
+        out[table] = sorted(rows, key=repr)
+    return out
+
+
+def shard_bytes(root: Path) -> dict[str, bytes]:
+    base = root / "shards"
+    return {str(p.relative_to(base)): p.read_bytes() for p in sorted(base.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")}
+
+
+@pytest.fixture(scope="module")
+def served(demo_corpus, tmp_path_factory):
+    """The demo site on one server for the whole module (page URLs are part of video ids),
+    the build config, and one clean build with how long it took."""
+    _, site = demo_corpus
+    base_dir = tmp_path_factory.mktemp("faults")
+    with serve_demo(site) as base:
+        urls = base_dir / "urls.txt"
+        urls.write_text("".join(f"{base}pages/{p}\n"
+                                for p in ("tour-0.html", "tour-1.html", "gone.html", "broken.html")))
+        config = _config(base_dir / "build.yaml", urls)
+        clean = base_dir / "clean"
+        started = time.monotonic()
+        _finish(config, clean)
+        yield config, clean, time.monotonic() - started
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_sigkill_at_random_points_then_rerun_equals_clean_build(served, tmp_path, seed, tally):
+    config, clean, seconds = served
+    count = tally("fault points", "tried", "mismatched rebuilds")
+    rng = random.Random(seed)
+    root = tmp_path / "killed"
+    for _ in range(KILLS_PER_SEED):
+        proc = _start(config, root)
+        # Anywhere from just after start-up to late in a clean build (a resumed run has less
+        # left to do, so later kills would often come after it ended).
+        deadline = time.monotonic() + rng.uniform(0.5, 0.75 * seconds)
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            count.add("tried")
+        proc.wait()
+    _finish(config, root)
+    same = tables(root) == tables(clean) and shard_bytes(root) == shard_bytes(clean)
+    count.add("mismatched rebuilds", int(not same))
+    assert tables(root) == tables(clean)
+    assert shard_bytes(root) == shard_bytes(clean)
+    assert validate(Corpus(str(root))) == []
+
+
+class _FailingWrites:
+    """Makes the corpus filesystem's writes under ``table`` fail with ``code`` from the
+    ``after``-th file on: the disk filled up, or the directory stopped accepting writes."""
+
+    def __init__(self, monkeypatch, fs, table: str, code: int, after: int) -> None:
+        self.table, self.code, self.left, self.refused = table, code, after, 0
+        self._open = fs.open
+        monkeypatch.setattr(fs, "open", self.open)
+
+    def open(self, path, mode="rb", **kwargs):
+        if "w" in mode and f"/{self.table}/" in str(path):
+            if self.left == 0:
+                self.refused += 1
+                raise OSError(self.code, os.strerror(self.code), str(path))
+            self.left -= 1
+        return self._open(path, mode, **kwargs)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES], ids=["disk-full", "permission-denied"])
+def test_failed_batch_write_commits_nothing_and_keeps_earlier_batches(demo_corpus, tmp_path, code, tally,
+                                                                     monkeypatch):
+    require_binaries("ffmpeg", "ffprobe")
+    _, site = demo_corpus
+    count = tally("fault points", "tried", "mismatched rebuilds")
+    with serve_demo(site) as base:
+        urls = [f"{base}pages/tour-{i}.html" for i in range(2)] + [f"{base}pages/gone.html"]
+        cfg = parse_config({"name": "full", "sources": [{"type": "urls", "urls": urls}],
+                            "download": {"subtitle_langs": ["en"]},
+                            "execution": {"batch_size": 1, "retry_backoff_s": 0}})
+        ctx = context(Corpus(str(tmp_path / "corpus")), cfg)
+        discover(ctx)
+        with monkeypatch.context() as patch, pytest.raises(OSError) as raised:
+            failing = _FailingWrites(patch, ctx.corpus.fs, "downloads", code, after=1)
+            run_stage(download.STAGE, ctx, batch_size=1)
+        count.add("tried")
+        # The error names the cause and the file; nothing half-written is visible.
+        assert raised.value.errno == code and "downloads" in str(raised.value)
+        assert failing.refused == 1
+        corpus = ctx.corpus
+        earlier = corpus.read("downloads").to_pylist()
+        assert len(earlier) == len(corpus.done("downloads")) == 1
+        failed_before = corpus.read("errors").num_rows
+        leftovers = [p for p in (tmp_path / "corpus" / "downloads").iterdir() if p.name.startswith(".")]
+        assert leftovers == []
+        # With space (or rights) back, the rerun finishes exactly what was left.
+        again = run_stage(download.STAGE, ctx, batch_size=1)
+    assert again.items == 3 - 1 - failed_before and again.ok + sum(again.errors.values()) == again.items
+    assert corpus.read("downloads").num_rows == len(corpus.done("downloads")) == 2
+    assert [r for r in corpus.read("downloads").to_pylist() if r["video_id"] == earlier[0]["video_id"]] == earlier
+    assert corpus.read("errors").column("kind").to_pylist() == ["permanent"]
+    assert validate(corpus) == []
+    count.add("mismatched rebuilds", 0)
+
+
+def test_dask_worker_killed_mid_task_build_completes(demo_corpus, tmp_path, prefect_server, tally):
+    require_binaries("ffmpeg", "ffprobe")
+    from flows.build import run_build
+
+    _, site = demo_corpus
+    count = tally("fault points", "tried", "mismatched rebuilds")
+    with dask_cluster(tmp_path, [("victim", []), ("survivor", [])]) as (address, workers), \
+            serve_demo(site) as base:
+        cfg = parse_config({
+            "name": "workerkill",
+            "sources": [{"type": "urls", "urls": [f"{base}pages/tour-{i}.html" for i in range(2)]}],
+            "transcribe": {"prefer": ["manual"]},
+            "features": {"extractors": [{"name": "resnet34", "fps": 2, "weights": "none"}],
+                         "clips_per_commit": 1},
+            "execution": {"batch_size": 1, "retry_backoff_s": 0},
+        })
+        root = tmp_path / "corpus"
+        result: dict = {}
+        build = threading.Thread(target=lambda: result.update(
+            run_build(cfg, root=str(root), until="featurize", dask_address=address)))
+        build.start()
+        # Kill one worker (its nanny too, so it is gone for good) while featurize batches,
+        # which take seconds each, are running on both workers.
+        features = root / "features" / "resnet34"
+        deadline = time.monotonic() + 300
+        while build.is_alive() and time.monotonic() < deadline:
+            if features.exists() and any(p.suffix == ".parquet" for p in features.iterdir()):
+                os.killpg(workers["victim"].pid, signal.SIGKILL)
+                count.add("tried")
+                break
+            time.sleep(0.02)
+        build.join(timeout=600)
+    assert not build.is_alive() and result, "the build did not finish"
+    corpus = Corpus(str(root))
+    clips = corpus.read("clips").num_rows
+    complete = result["stages"]["featurize:resnet34"]["errors"] == {} and \
+        len(corpus.done("features/resnet34")) == clips > 0
+    count.add("mismatched rebuilds", int(not complete))
+    assert workers["victim"].poll() is not None
+    assert "survivor" in result["stages"]["featurize:resnet34"]["workers"]
+    assert complete, result["stages"]
+    assert validate(corpus) == []
+    assert json.dumps(result["errors"]) == "{}"
