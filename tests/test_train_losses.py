@@ -216,6 +216,67 @@ def test_wal_lvc_bce_and_adv_by_hand():
     assert got.item() == pytest.approx((softplus(-2) + softplus(1.0)) / 2)
 
 
+def test_wal_adv_routing_keeps_clean_pairs_on_lvc_and_flags_noisy_ones():
+    """Training the discriminator on its own per-pair loss: z is drawn from F_ADV's logit, so
+    BCE(F_ADV, y=0) pulls pairs back to L_LVC (WAL: the z=0 share rises to ~95%) and only the
+    pairs L_LVC cannot fit stay at z=1. Regression: with z drawn from logits of its own, F_ADV's
+    bias drove L_ADV to 0 and sent every pair, clean ones included, to z=1 (97% here)."""
+    from torch.nn.functional import normalize
+
+    from pipeline.train.models import WALDiscriminator
+
+    torch.manual_seed(0)
+    n = 200
+    disc = WALDiscriminator(16)
+    s = normalize(torch.randn(n, 16), dim=-1)
+    noisy = torch.arange(n) % 4 == 0  # aligned label, but the clip does not show the sentence
+    p_lvc = torch.where(noisy, -0.2, 0.8)
+    lvc_logit, labels = 5 * p_lvc, torch.ones(n)  # L_LVC: 0.018 clean, 1.31 noisy
+    opt = torch.optim.SGD(disc.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(300):
+        adv, z = disc(s, p_lvc)
+        loss = L.wal_adv_pair(lvc_logit, adv, labels, z)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        z1 = torch.stack([disc(s, p_lvc)[1] for _ in range(20)]).mean(0)  # share of draws with z=1
+    assert z1[~noisy].mean() < 0.15
+    assert z1[noisy].mean() > 0.2 and z1[noisy].mean() > 4 * z1[~noisy].mean()
+    p1 = disc.noise_prob(s, p_lvc)
+    assert p1[noisy].min() > p1[~noisy].max()  # P(z=1) ranks every noisy pair above every clean one
+
+
+def test_wal_discriminator_draws_z_from_f_adv():
+    from pipeline.train.models import WALDiscriminator
+
+    torch.manual_seed(0)
+    s, p_lvc = torch.randn(4000, 8), torch.zeros(4000)
+    for gumbel in (True, False):
+        disc = WALDiscriminator(8, gumbel=gumbel)
+        with torch.no_grad():
+            disc.f_adv.weight.zero_()
+            disc.f_adv.bias.fill_(1.0)
+        a, z = disc(s, p_lvc)
+        assert torch.equal(a, torch.ones(4000))
+        share = z.mean().item()
+        if gumbel:
+            assert share == pytest.approx(1 / (1 + exp(-1.0)), abs=0.03)  # P(z=1) = σ(a)
+        else:
+            assert share == 1.0  # argmax: z = [a > 0]
+        assert disc.noise_prob(s, p_lvc)[0].item() == pytest.approx(1 / (1 + exp(-1.0)))
+
+
+def test_wal_discriminator_loads_checkpoints_with_the_old_z_logits_layer():
+    from pipeline.train.models import WALDiscriminator
+
+    disc = WALDiscriminator(8)
+    old = {**disc.state_dict(), "z_logits.weight": torch.zeros(2, 2), "z_logits.bias": torch.zeros(2)}
+    disc.load_state_dict(old)  # strict: only the stale layer is dropped
+    with pytest.raises(RuntimeError):
+        disc.load_state_dict({**old, "other.weight": torch.zeros(1)})
+
+
 # ---------------------------------------------------------------- AsyNCE
 
 

@@ -327,7 +327,10 @@ def wal_adv_pair(lvc_scores: torch.Tensor, adv_scores: torch.Tensor, labels: tor
     """WAL-att-adv per-pair loss, averaged: (1 - z)·L_LVC + z·L_ADV with L_ADV = BCE(F_ADV, y=0).
 
     z [B] is the discriminator's draw (a hard straight-through Gumbel sample, 1 = sent to the
-    background vectors); the fixed label 0 pushes pairs back to L_LVC over training (WAL).
+    background vectors) with P(z=1) = σ(adv_scores) (`models.WALDiscriminator`): L_ADV is then
+    −log P(z=0), so the fixed label 0 pushes pairs back to L_LVC over training (WAL) and a pair
+    stays at z=1 only while its L_LVC is the larger cost. adv_scores must be the logits z was
+    drawn from; a free F_ADV lets its bias drive L_ADV to 0 and every pair to z=1.
     """
     lvc = wal_lvc_bce(lvc_scores, labels, reduction="none")
     adv = F.binary_cross_entropy_with_logits(adv_scores, torch.zeros_like(adv_scores), reduction="none")

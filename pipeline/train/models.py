@@ -184,10 +184,15 @@ class FrameAttention(nn.Module):
 
 class WALDiscriminator(nn.Module):
     """WAL-att-adv: B learned background visual vectors v_b, p_ADV = max_b sᵀv_b next to
-    p_LVC = sᵀv; F_ADV (the adversarial classifier) and the z-logits read the input
-    `input_mode`: "concat" [p_ADV, p_LVC] (default, best), "residual" p_ADV − p_LVC, or
-    "adv" p_ADV alone. z ∈ {0, 1} per pair is a hard straight-through Gumbel-softmax draw
-    (gumbel=False: the straight-through argmax of a plain softmax, the ablation)."""
+    p_LVC = sᵀv; F_ADV (the adversarial classifier) reads `input_mode`: "concat" [p_ADV, p_LVC]
+    (default, best), "residual" p_ADV − p_LVC, or "adv" p_ADV alone. Its logit a is both the
+    input of L_ADV = BCE(a, y=0) and the logit of the routing draw: z ∈ {0, 1} per pair is a
+    hard straight-through Gumbel-softmax sample over the logits [0, a], so P(z=1) = σ(a)
+    (gumbel=False: the straight-through argmax, z = [a > 0], the ablation). Tying z to F_ADV is
+    what makes the fixed label 0 pull pairs back to L_LVC over training (METHODS.md): a pair
+    stays with L_ADV only while L_LVC costs more than −log P(z=0) = BCE(a, 0), i.e. the pairs
+    L_LVC cannot fit. With z drawn from logits of their own, F_ADV's bias alone drove L_ADV to 0
+    and every pair to z=1."""
 
     def __init__(self, dim: int, n_background: int = 4, input_mode: str = "concat", gumbel: bool = True,
                  tau: float = 1.0) -> None:
@@ -200,7 +205,6 @@ class WALDiscriminator(nn.Module):
         self.background = nn.Parameter(F.normalize(torch.randn(n_background, dim), dim=-1))
         n_in = 2 if input_mode == "concat" else 1
         self.f_adv = nn.Linear(n_in, 1)
-        self.z_logits = nn.Linear(n_in, 2)
 
     @torch.no_grad()
     def init_background(self, video: torch.Tensor, generator: torch.Generator | None = None) -> None:
@@ -220,16 +224,29 @@ class WALDiscriminator(nn.Module):
         return p_adv[:, None]
 
     def forward(self, s: torch.Tensor, p_lvc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(F_ADV logits [N], hard z [N] with straight-through gradient)."""
-        x = self.features(s, p_lvc)
-        logits = self.z_logits(x)
+        """(F_ADV logits a [N], hard z [N] drawn with P(z=1) = σ(a), straight-through gradient)."""
+        a = self.f_adv(self.features(s, p_lvc)).squeeze(-1)
+        logits = torch.stack([torch.zeros_like(a), a], -1)
         if self.gumbel:
             z = F.gumbel_softmax(logits, tau=self.tau, hard=True)[:, 1]
         else:
             soft = logits.softmax(-1)
             hard = F.one_hot(soft.argmax(-1), 2).to(soft.dtype)
             z = (hard - soft.detach() + soft)[:, 1]
-        return self.f_adv(x).squeeze(-1), z
+        return a, z
+
+    @torch.no_grad()
+    def noise_prob(self, s: torch.Tensor, p_lvc: torch.Tensor) -> torch.Tensor:
+        """P(z=1) = σ(F_ADV) per pair [N]: how likely the pair is sent to L_ADV (flagged as noise)."""
+        return torch.sigmoid(self.f_adv(self.features(s, p_lvc)).squeeze(-1))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # Checkpoints written before z was tied to F_ADV carry the separate z-logits layer; it has
+        # no counterpart now, so it is dropped (evaluation never used it; a resumed run continues
+        # with the tied draw).
+        for key in [k for k in state_dict if k.startswith(prefix + "z_logits.")]:
+            del state_dict[key]
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 # ---------------------------------------------------------------- models
