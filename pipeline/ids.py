@@ -6,6 +6,8 @@ import hashlib
 import re
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+# A shard member: a safe key and extensions; no separator, no "..", nothing absolute.
+_MEMBER = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 # Long ids are shortened with a hash suffix so that they stay unique and fit file-name limits.
 _MAX_ID = 120
 
@@ -39,3 +41,11 @@ def feature_key(extractor: str) -> str:
     """A feature extractor's name as used in table paths and shard members (``text:bert`` ->
     ``text_bert``)."""
     return safe_id(extractor)
+
+
+def check_member(name: str) -> str:
+    """``name`` when it is a safe archive member name (``<id>.<ext>...``), else ValueError:
+    shards written or read by us never carry a member that could land outside a folder."""
+    if not _MEMBER.fullmatch(name):
+        raise ValueError(f"unsafe shard member name {name!r}")
+    return name

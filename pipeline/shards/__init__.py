@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow.dataset as ds
 
 from pipeline.config import Config
-from pipeline.ids import feature_key
+from pipeline.ids import check_member, feature_key
 from pipeline.runner import StageContext
 from pipeline.shards.parquet import write_parquet
 from pipeline.shards.webdataset import write_webdataset
@@ -47,6 +47,10 @@ def shard_urls(url: str, split: str | None = None) -> list[str]:
 
 
 def _sample(raw: dict[str, Any], keys: Iterable[str] | None) -> dict[str, Any]:
+    # Shards may come from elsewhere: refuse member names a consumer could not safely extract.
+    for member in raw:
+        if not member.startswith("__"):
+            check_member(f"{raw['__key__']}.{member}")
     features = {}
     for member, value in raw.items():
         if member.endswith(".npy"):
@@ -68,6 +72,8 @@ def open_webdataset(url: str, features: list[str] | None = None, split: str | No
 
     keys = None if features is None else {feature_key(f) for f in features}
     urls = shard_urls(url, split)
+    if not urls:
+        raise ValueError(f"no WebDataset shards{f' of split {split!r}' if split else ''} in {url}")
     pipeline = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
     if shuffle:
         pipeline = pipeline.shuffle(shuffle)

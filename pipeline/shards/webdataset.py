@@ -24,7 +24,7 @@ import webdataset as wds
 
 from pipeline.config import Config, WebDatasetConfig
 from pipeline.errors import BadInputError
-from pipeline.ids import batch_name
+from pipeline.ids import batch_name, check_member
 from pipeline.media import ClipCut, cut_clips
 from pipeline.progress import track
 from pipeline.shards.hashing import HashingWriter
@@ -53,6 +53,9 @@ def encode(sample: Sample, mp4: bytes | None) -> dict[str, Any]:
         record[f"{key}.npy"] = npy_bytes(array)
     if mp4 is not None:
         record["mp4"] = mp4
+    for member in record:
+        if member != "__key__":
+            check_member(f"{record['__key__']}.{member}")
     return record
 
 
