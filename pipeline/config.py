@@ -309,8 +309,11 @@ class DownloadConfig(BaseModel):
         1.0, ge=0, description="extra seconds around a clip when only a section is downloaded"
     )
     partial: bool = Field(False, description="download only the listed sections, not whole videos")
-    max_filesize_mb: float | None = Field(500, gt=0)
-    timeout_s: float = Field(600, gt=0)
+    max_filesize_mb: float | None = Field(
+        500, gt=0, description="a video whose files together grow past this is stopped (permanent)")
+    timeout_s: float = Field(
+        600, gt=0, description="a video still transferring after this many seconds is stopped "
+                               "(permanent; --retry-failed retries it); also the socket timeout, up to 60 s")
     retries: int = Field(3, ge=0)
     allowed_schemes: list[str] = Field(default_factory=lambda: ["http", "https"], min_length=1)
 

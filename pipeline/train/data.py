@@ -332,8 +332,9 @@ def collate(pairs: PairSet, idx: Sequence[int], opts: BatchOptions,
     """A batch dict: visual [B, T, Dv] + visual_mask, text [B, K, Dt] + text_mask, index [B];
     with opts.wal the batch is doubled with one negative per pair (the pair's visual with the
     sentence of a pair of another group) and `labels` [2B] (1 positive, 0 negative); with
-    opts.candidates `cand` [B, C, Dt] (token-mean text of the own pair then its candidates)
-    and `cand_mask` [B, C]."""
+    opts.candidates `cand` [B, C, K, Dt] (the words of the own pair's text, then of its
+    candidates'), `cand_words` [B, C, K] (real words) and `cand_mask` [B, C] (real candidates),
+    so that candidates go through the text tower exactly as texts do at test time."""
     idx = [int(i) for i in idx]
     text_idx = list(idx)
     vis_idx = list(idx)
@@ -366,12 +367,28 @@ def collate(pairs: PairSet, idx: Sequence[int], opts: BatchOptions,
     if opts.wal:
         batch["labels"] = torch.tensor(labels)
     if opts.candidates:
-        bags = []
-        for i in idx:
-            own = [i] + list((pairs.candidates or [[]] * len(pairs))[i])
-            bags.append(np.stack([np.atleast_2d(pairs.text[j]).mean(0) for j in own[: opts.candidates]]))
-        batch["cand"], batch["cand_mask"] = _pad(bags)
+        batch.update(_candidate_bags(pairs, idx, opts.candidates))
     return batch
+
+
+def _candidate_bags(pairs: PairSet, idx: list[int], size: int) -> dict[str, torch.Tensor]:
+    bags = []
+    for i in idx:
+        own = [i] + list((pairs.candidates or [[]] * len(pairs))[i])
+        bags.append([np.atleast_2d(pairs.text[j]) for j in own[:size]])
+    n_cand = max(len(bag) for bag in bags)
+    n_words = max(len(t) for bag in bags for t in bag)
+    cand = np.zeros((len(bags), n_cand, n_words, pairs.text_dim), dtype=np.float32)
+    words = np.zeros((len(bags), n_cand, n_words), dtype=bool)
+    words[:, :, 0] = True  # an empty slot reads as one zero word: finite, and masked out below
+    real = np.zeros((len(bags), n_cand), dtype=bool)
+    for b, bag in enumerate(bags):
+        for c, text in enumerate(bag):
+            cand[b, c, : len(text)] = text
+            words[b, c, : len(text)] = True
+            real[b, c] = True
+    return {"cand": torch.from_numpy(cand), "cand_words": torch.from_numpy(words),
+            "cand_mask": torch.from_numpy(real)}
 
 
 def full_batches(pairs: PairSet, batch_size: int = 256):

@@ -86,7 +86,7 @@ def compute_loss(model: RetrievalModel, batch: dict[str, torch.Tensor], cfg: Any
         stats["n"] = float(len(z))
         return losses.wal_adv_pair(lvc_logit, adv_logit, labels, z), stats
     if fam == "milnce":
-        cand = model.encode_candidates(batch["cand"], batch["cand_mask"])
+        cand = model.encode_candidates(batch["cand"], batch["cand_words"])
         variant = o.get("variant", "mil")
         fn = {"mil": losses.milnce, "max": losses.max_nce, "attn": losses.attn_nce, "cat": losses.cat_nce}[variant]
         return fn(video.emb, cand, batch["cand_mask"], cfg.temperature), stats

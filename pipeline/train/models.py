@@ -325,10 +325,11 @@ class RetrievalModel(nn.Module):
             return Encoded(self.mil_text(t, mask))
         return Encoded(self._norm(self.text_head(pool(t, mask, self.text_pool))))
 
-    def encode_candidates(self, c: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """MIL-NCE candidate bags [B, C, D] (one pooled vector each) -> [B, C, E]."""
-        b, k, d = c.shape
-        return self.encode_text(c.reshape(b * k, d)).emb.reshape(b, k, -1)
+    def encode_candidates(self, c: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """MIL-NCE candidate bags of texts [B, C, K, D] with their word mask [B, C, K] -> [B, C, E],
+        each candidate encoded like any text."""
+        b, n, k, d = c.shape
+        return self.encode_text(c.reshape(b * n, k, d), words.reshape(b * n, k)).emb.reshape(b, n, -1)
 
     # -- scores --------------------------------------------------------------------------------
     def similarity(self, video: Encoded, text: Encoded) -> torch.Tensor:
