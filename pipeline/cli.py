@@ -211,6 +211,8 @@ Root = Annotated[str | None, typer.Option(help="Corpus root (default: the config
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
 Pairs = Annotated[str | None, typer.Option(help="An external pairs file (parquet) instead of "
                                                  "the corpus's features; see README.")]
+Shards = Annotated[str | None, typer.Option(help="Read features from shards (a WebDataset or "
+                                                  "Parquet shard folder) instead of the tables.")]
 
 
 @app.command()
@@ -222,6 +224,7 @@ def train(
     device: Device = "auto",
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint.")] = True,
     pairs: Pairs = None,
+    shards: Shards = None,
 ) -> None:
     """Train the config's retrieval model on a corpus's features; prints metrics.json."""
     from pipeline.train.run import train_corpus
@@ -229,7 +232,8 @@ def train(
     setup_logging("rich")
     try:
         corpus, cfg = _target(target, root)
-        metrics = train_corpus(corpus, cfg, out, device=device, resume=resume, pairs_file=pairs)
+        metrics = train_corpus(corpus, cfg, out, device=device, resume=resume, pairs_file=pairs,
+                               shards=shards)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         console.print(f"[red]{exc}[/red]", highlight=False)
         raise typer.Exit(2) from None
@@ -244,6 +248,7 @@ def evaluate(
     root: Root = None,
     device: Device = "auto",
     pairs: Pairs = None,
+    shards: Shards = None,
 ) -> None:
     """Evaluate a trained retrieval model on the test split; prints its metrics."""
     from pipeline.train.run import evaluate_corpus
@@ -251,7 +256,8 @@ def evaluate(
     setup_logging("rich")
     try:
         corpus, cfg = _target(target, root)
-        metrics = evaluate_corpus(corpus, cfg, checkpoint, device=device, pairs_file=pairs)
+        metrics = evaluate_corpus(corpus, cfg, checkpoint, device=device, pairs_file=pairs,
+                                  shards=shards)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         console.print(f"[red]{exc}[/red]", highlight=False)
         raise typer.Exit(2) from None

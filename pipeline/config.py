@@ -28,6 +28,8 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+from pipeline.ids import feature_key
+
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.json"
 
 VISUAL_EXTRACTORS = ("resnet34", "resnet50", "resnet152", "tsm_r50", "s3d", "s3d_howto100m",
@@ -524,12 +526,15 @@ class FeaturesConfig(BaseModel):
 
     @model_validator(mode="after")
     def _unique_names(self) -> "FeaturesConfig":
-        seen: set[str] = set()
+        # Names become table folders and shard members, which WebDataset reads lowercased.
+        seen: dict[str, str] = {}
         problems: _Found = []
         for i, extractor in enumerate(self.extractors):
-            if extractor.name in seen:
-                problems.append((("extractors", i, "name"), f"duplicate name {extractor.name!r}"))
-            seen.add(extractor.name)
+            key = feature_key(extractor.name).lower()
+            if key in seen:
+                same = "" if seen[key] == extractor.name else f" (as stored, the same as {seen[key]!r})"
+                problems.append((("extractors", i, "name"), f"duplicate name {extractor.name!r}{same}"))
+            seen.setdefault(key, extractor.name)
         _raise_if(problems)
         return self
 

@@ -229,3 +229,9 @@ def test_missing_file_is_config_error(tmp_path: Path) -> None:
 
 def test_null_section_means_defaults() -> None:
     assert parse_config(with_(download=None)).download.concurrency == 4
+
+
+def test_extractor_names_that_store_alike_are_refused():
+    with pytest.raises(ConfigError, match=r"duplicate name 'text:minilm' \(as stored, the same as 'text:MiniLM'\)"):
+        parse_config({"name": "x", "sources": [{"type": "urls", "urls": ["http://a/"]}],
+                      "features": {"extractors": [{"name": "text:MiniLM"}, {"name": "text:minilm"}]}})

@@ -155,3 +155,23 @@ def test_unsafe_member_names_are_never_written():
     clip = {"clip_id": "../up-0-1000", "text": "a red sofa"}
     with pytest.raises(ValueError, match="unsafe shard member name"):
         encode(Sample(clip, {"resnet34": np.zeros((1, 2), np.float16)}), None)
+
+
+def test_training_pairs_read_from_either_shards_equal_the_tables(demo_corpus, tmp_path):
+    from pipeline.train.data import PairSet
+
+    cfg = _config()
+    corpus, _ = _corpus(demo_corpus, tmp_path / "c", cfg)
+    # An extractor name with capitals: webdataset lowercases member names on read.
+    _features(corpus, "text_MiniLM-L6", 6, pooled=True)
+    write_shards(context(corpus, cfg))
+    tables = PairSet.from_corpus(corpus, "resnet34", "text_MiniLM-L6")
+    assert len(tables) == corpus.read("clips").num_rows > 0
+    for kind in ("webdataset", "parquet"):
+        shards = PairSet.from_shards(corpus.path(f"shards/{kind}"), "resnet34", "text_MiniLM-L6")
+        assert shards.pair_ids == tables.pair_ids and shards.splits == tables.splits, kind
+        assert shards.groups == tables.groups and shards.candidates == tables.candidates, kind
+        for a, b in zip(shards.visual + shards.text, tables.visual + tables.text):
+            assert a.shape == b.shape and np.array_equal(a, b), kind
+    with pytest.raises(ValueError, match="no text features"):
+        PairSet.from_shards(corpus.path("shards/webdataset"), "resnet34", "text:absent")

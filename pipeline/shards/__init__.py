@@ -46,7 +46,7 @@ def shard_urls(url: str, split: str | None = None) -> list[str]:
             if split is None or s["split"] == split]
 
 
-def _sample(raw: dict[str, Any], keys: Iterable[str] | None) -> dict[str, Any]:
+def _sample(raw: dict[str, Any], keys: dict[str, str] | None) -> dict[str, Any]:
     # Shards may come from elsewhere: refuse member names a consumer could not safely extract.
     for member in raw:
         if not member.startswith("__"):
@@ -55,8 +55,10 @@ def _sample(raw: dict[str, Any], keys: Iterable[str] | None) -> dict[str, Any]:
     for member, value in raw.items():
         if member.endswith(".npy"):
             name = member[: -len(".npy")]
-            if keys is None or name in keys:
+            if keys is None:
                 features[name] = value
+            elif name in keys:
+                features[keys[name]] = value
     out = {"clip_id": raw["__key__"], "json": raw["json"], "text": raw["txt"],
            "features": features}
     if "mp4" in raw:
@@ -67,10 +69,12 @@ def _sample(raw: dict[str, Any], keys: Iterable[str] | None) -> dict[str, Any]:
 def open_webdataset(url: str, features: list[str] | None = None, split: str | None = None,
                     shuffle: int = 0) -> Any:
     """A ``webdataset`` pipeline over a corpus's shards yielding dicts: clip_id, json (dict),
-    text, features ({extractor: numpy array}), mp4 (bytes, when the shards have media)."""
+    text, features ({feature key: numpy array}), mp4 (bytes, when the shards have media).
+    ``webdataset`` lowercases member names, so without ``features`` the keys come lowercased;
+    with it, they are the feature keys of the names asked for (``text:MiniLM`` -> ``text_MiniLM``)."""
     import webdataset as wds
 
-    keys = None if features is None else {feature_key(f) for f in features}
+    keys = None if features is None else {feature_key(f).lower(): feature_key(f) for f in features}
     urls = shard_urls(url, split)
     if not urls:
         raise ValueError(f"no WebDataset shards{f' of split {split!r}' if split else ''} in {url}")

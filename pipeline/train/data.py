@@ -12,6 +12,8 @@ reuse, S-MiT word sampling, WAL balanced positives/negatives, MIL-NCE candidate 
 
 from __future__ import annotations
 
+import json
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,8 +104,7 @@ class PairSet:
     @classmethod
     def from_corpus(cls, corpus: Any, visual_name: str, text_name: str) -> PairSet:
         """Clips joined with the features of extractors `visual_name` and `text_name` on
-        clip_id (clips missing either feature are left out). A clip's `candidates` (sentence
-        texts) map to the clips of the same video with that text, when there are such clips."""
+        clip_id (clips missing either feature are left out)."""
         clips = corpus.read("clips", columns=["clip_id", "video_id", "text", "split", "candidates"]).to_pylist()
         feats = {}
         for role, name in (("visual", visual_name), ("text", text_name)):
@@ -112,13 +113,51 @@ class PairSet:
             if not rows:
                 raise PairsError(f"{corpus.url}: {table} ({role} extractor {name!r}) has no rows; "
                                  f"tables present: {', '.join(corpus.tables()) or '(none)'}")
-            feats[role] = {r["clip_id"]: r for r in rows}
-        keep = [c for c in clips if c["clip_id"] in feats["visual"] and c["clip_id"] in feats["text"]]
-        keep.sort(key=lambda c: c["clip_id"])
+            feats[role] = {r["clip_id"]: np.asarray(r["values"], dtype=np.float32).reshape(r["shape"])
+                           for r in rows}
+        return cls._from_clips(clips, feats["visual"], feats["text"],
+                               {"source": corpus.url, "visual": visual_name, "text": text_name})
 
-        def arr(row: dict) -> np.ndarray:
-            return np.asarray(row["values"], dtype=np.float32).reshape(row["shape"])
+    @classmethod
+    def from_shards(cls, url: str, visual_name: str, text_name: str) -> PairSet:
+        """The same pairs from a corpus's shards alone (say, copied to a training machine): a
+        WebDataset folder (or .tar / brace pattern) or a Parquet shard folder."""
+        from pipeline.shards import feature_array, open_parquet, open_webdataset
 
+        keys = {role: feature_key(name) for role, name in (("visual", visual_name), ("text", text_name))}
+        feats: dict[str, dict[str, np.ndarray]] = {"visual": {}, "text": {}}
+        clips = []
+        if _is_webdataset(url):
+            for sample in open_webdataset(url, features=[visual_name, text_name]):
+                clips.append(sample["json"])
+                for role, key in keys.items():
+                    if key in sample["features"]:
+                        feats[role][sample["clip_id"]] = np.asarray(sample["features"][key], dtype=np.float32)
+        else:
+            dataset = open_parquet(url)
+            missing = [k for k in keys.values() if k not in dataset.schema.names]
+            if missing:
+                raise PairsError(f"{url}: no column(s) {', '.join(missing)} in the Parquet shards")
+            columns = ["clip_id", "video_id", "text", "split", "candidates",
+                       *[c for k in keys.values() for c in (k, f"{k}_shape")]]
+            for row in dataset.to_table(columns=columns).to_pylist():
+                clips.append(row)
+                for role, key in keys.items():
+                    if row[key] is not None:
+                        feats[role][row["clip_id"]] = feature_array(row[key], row[f"{key}_shape"]).astype(np.float32)
+        for role, name in (("visual", visual_name), ("text", text_name)):
+            if not feats[role]:
+                raise PairsError(f"{url}: no {role} features {name!r} in the shards")
+        return cls._from_clips(clips, feats["visual"], feats["text"],
+                               {"source": url, "visual": visual_name, "text": text_name})
+
+    @classmethod
+    def _from_clips(cls, clips: list[dict], visual: dict[str, np.ndarray], text: dict[str, np.ndarray],
+                    meta: dict[str, Any]) -> PairSet:
+        """Clip rows with both features, in clip_id order. A clip's `candidates` (sentence
+        texts) map to the clips of the same video with that text, when there are such clips."""
+        keep = sorted((c for c in clips if c["clip_id"] in visual and c["clip_id"] in text),
+                      key=lambda c: c["clip_id"])
         by_text: dict[tuple[str, str], int] = {}
         for i, c in enumerate(keep):
             by_text.setdefault((c["video_id"], c["text"]), i)
@@ -132,10 +171,8 @@ class PairSet:
             cands.append(found)
         has_cands = any(c.get("candidates") for c in keep)
         return cls([c["clip_id"] for c in keep], [c["video_id"] for c in keep], [c["split"] for c in keep],
-                   [arr(feats["visual"][c["clip_id"]]) for c in keep],
-                   [arr(feats["text"][c["clip_id"]]) for c in keep],
-                   cands if has_cands else None,
-                   {"source": corpus.url, "visual": visual_name, "text": text_name})
+                   [visual[c["clip_id"]] for c in keep], [text[c["clip_id"]] for c in keep],
+                   cands if has_cands else None, meta)
 
     @classmethod
     def from_pairs_file(cls, path: str | Path) -> PairSet:
@@ -225,6 +262,21 @@ class PairSet:
 
 
 # ---------------------------------------------------------------- sampling
+
+
+def _is_webdataset(url: str) -> bool:
+    """A .tar, a brace pattern, or a shard folder whose index lists .tar shards."""
+    if url.endswith(".tar") or "{" in url:
+        return True
+    import fsspec
+
+    index = posixpath.join(url, "index.json")
+    try:
+        with fsspec.open(index, "rt") as handle:
+            shards = json.load(handle).get("shards", [])
+    except FileNotFoundError:
+        raise PairsError(f"{url}: not a shard folder (no index.json)") from None
+    return any(str(s.get("name", "")).endswith(".tar") for s in shards)
 
 
 def epoch_rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:

@@ -13,11 +13,17 @@ from pipeline.train.data import PairSet, PairsError
 from pipeline.train.loop import evaluate, train
 
 
-def pairs_for(corpus: Corpus, cfg: Config, pairs_file: str | None = None) -> PairSet:
-    """Pairs from an external pairs file, else from the corpus's features tables."""
+def pairs_for(corpus: Corpus, cfg: Config, pairs_file: str | None = None,
+              shards: str | None = None) -> PairSet:
+    """Pairs from an external pairs file, or from shards (WebDataset or Parquet), else from the
+    corpus's features tables."""
+    if pairs_file and shards:
+        raise ValueError("give a pairs file or shards, not both")
     if pairs_file:
         return PairSet.from_pairs_file(pairs_file)
     assert cfg.train is not None
+    if shards:
+        return PairSet.from_shards(shards, cfg.train.visual, cfg.train.text)
     return PairSet.from_corpus(corpus, cfg.train.visual, cfg.train.text)
 
 
@@ -28,18 +34,20 @@ def default_out(corpus: Corpus, cfg: Config) -> Path:
 
 
 def train_corpus(corpus: Corpus, cfg: Config, out: Path | None = None, device: str = "auto",
-                 resume: bool = True, pairs_file: str | None = None) -> dict[str, Any]:
+                 resume: bool = True, pairs_file: str | None = None,
+                 shards: str | None = None) -> dict[str, Any]:
     if cfg.train is None:
         raise ValueError("the config has no `train` section")
-    return train(pairs_for(corpus, cfg, pairs_file), cfg.train, out or default_out(corpus, cfg),
+    return train(pairs_for(corpus, cfg, pairs_file, shards), cfg.train, out or default_out(corpus, cfg),
                  device=device, resume=resume)
 
 
 def evaluate_corpus(corpus: Corpus, cfg: Config, checkpoint: Path | None = None,
-                    device: str = "auto", pairs_file: str | None = None) -> dict[str, Any]:
+                    device: str = "auto", pairs_file: str | None = None,
+                    shards: str | None = None) -> dict[str, Any]:
     if cfg.train is None and checkpoint is None:
         raise ValueError("the config has no `train` section; pass a checkpoint")
-    return evaluate(checkpoint or default_out(corpus, cfg), pairs_for(corpus, cfg, pairs_file),
+    return evaluate(checkpoint or default_out(corpus, cfg), pairs_for(corpus, cfg, pairs_file, shards),
                     device=device)
 
 
