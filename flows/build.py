@@ -23,6 +23,7 @@ from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.cache_policies import NO_CACHE
 from prefect.logging.handlers import APILogWorker
+from prefect.task_runners import TaskRunner
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect_dask import DaskTaskRunner
 
@@ -164,15 +165,22 @@ def build_corpus(
     returns the summary."""
     cfg = resolve_config(config)
     corpus = Corpus(_root(cfg, root))
-    # Subflows start a task runner of their own: point theirs at this flow's cluster.
-    address = FlowRunContext.get().task_runner.client.scheduler.address
     reports: dict[str, dict[str, Any]] = {}
     for name in stages_until(until):
-        stage_flow = STAGE_FLOWS[name].with_options(task_runner=DaskTaskRunner(address=address))
+        stage_flow = STAGE_FLOWS[name].with_options(task_runner=_same_cluster())
         reports.update(stage_flow(cfg, root=corpus.url, retry_failed=retry_failed))
     summary = summarize(corpus)
     summary["stages"] = reports
     return summary
+
+
+def _same_cluster() -> TaskRunner:
+    """A task runner for a subflow on the current flow's cluster (a subflow would otherwise
+    start a runner, and with it a local cluster, of its own)."""
+    runner = FlowRunContext.get().task_runner
+    if isinstance(runner, DaskTaskRunner):
+        return DaskTaskRunner(address=runner.client.scheduler.address)
+    return runner.duplicate()
 
 
 def _root(cfg: Config, root: str | None) -> str:

@@ -15,7 +15,9 @@ from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Cron
 
-from flows.build import rebuild_corpus
+from prefect import Flow
+
+from flows import build
 
 
 def _working_dir(spec: dict[str, Any]) -> str | None:
@@ -24,6 +26,16 @@ def _working_dir(spec: dict[str, Any]) -> str | None:
             if name.endswith("set_working_directory"):
                 return args["directory"]
     return None
+
+
+def _entrypoint(name: str, entrypoint: str) -> Flow:
+    """The flow of ``flows/build.py:<flow>``: rebuild_corpus or a stage flow."""
+    path, _, attr = entrypoint.partition(":")
+    found = getattr(build, attr, None) if path == "flows/build.py" else None
+    if not isinstance(found, Flow):
+        raise ValueError(f"{name}: unknown entrypoint {entrypoint}; use flows/build.py:rebuild_corpus "
+                         f"or a stage flow such as flows/build.py:download_flow")
+    return found
 
 
 def ensure_pool(name: str) -> bool:
@@ -42,11 +54,10 @@ def deploy(file: Path, pool: str | None = None) -> list[str]:
     working_dir = _working_dir(spec)
     ids = []
     for item in spec["deployments"]:
-        if item["entrypoint"] != "flows/build.py:rebuild_corpus":
-            raise ValueError(f"{item['name']}: unknown entrypoint {item['entrypoint']}")
+        flow_fn = _entrypoint(item["name"], item["entrypoint"])
         pool_name = pool or item["work_pool"]["name"]
         ensure_pool(pool_name)
-        deployment = rebuild_corpus.to_deployment(
+        deployment = flow_fn.to_deployment(
             name=item["name"],
             description=item.get("description"),
             parameters=item.get("parameters") or {},
