@@ -111,13 +111,18 @@ def test_planted_secrets_appear_in_no_output_of_a_build(demo_corpus, tmp_path, p
     assert validate(Corpus(str(root))) == []
 
     from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL
 
     APILogWorker.drain_all()  # the run's logs, into the server's database
     out, err = capfd.readouterr()
-    searched = [*_files(root), *_files(Path(os.environ["PREFECT_HOME"]))]
-    assert any(p.suffix == ".parquet" for p in searched) and any(p.suffix == ".db" for p in searched)
+    # The server's SQLite file and its journal files (a session-wide test harness may have
+    # moved the database out of PREFECT_HOME).
+    db = Path(PREFECT_API_DATABASE_CONNECTION_URL.value().split(":///", 1)[1])
+    database = [p for p in db.parent.iterdir() if p.name.startswith(db.name)]
+    searched = [*_files(root), *_files(Path(os.environ["PREFECT_HOME"])), *database]
+    assert any(p.suffix == ".parquet" for p in searched) and db in database
     # Control: the database does hold the flow's parameters (the config, cookies path included).
-    assert any(str(cookies).encode() in p.read_bytes() for p in searched if ".db" in p.name)
+    assert any(str(cookies).encode() in p.read_bytes() for p in database)
     for secret in (PROXY_PASSWORD, COOKIE_VALUE, GOOGLE_KEY):
         leaks = [str(p) for p in searched if secret.encode() in p.read_bytes()]
         assert leaks == [], f"{secret} found in {leaks}"
