@@ -40,15 +40,16 @@ Rows keep each family's own towers (S-MiT: GLU heads on max-pooled frames; WAL: 
 frame attention; MIL-NCE: linear video head, max-pooled word tower; max-margin: linear heads,
 cosine), so compare rows within one paper, not across papers.
 
-Last full run (defaults: 2 seeds, 66 trainings, 3.3-4.3 min wall on 2 shared CPU cores; the
-script's own verdicts): reproduced: AMM > NCE (+4 to +7 points at every rate), MIL-NCE K=3 > K=1
-and K=5 > K=1 at mismatch 0.3 and 0.5 (+8 to +19; ties at 0), WAL-att > WAL (+19 to +20). Not
-reproduced: NCE > MMS (identical: MMS's paper margin stays 0.001), MMS > SHN (+1 to +3, within
-tol), K=5 > K=3 (tie at 0.3, holds at 0.5), WAL-att-adv > WAL-att (ties: -4.2, 0.0, -0.5, with a
-seed std of 2-15 points on WAL-att-adv), the adv gain growing with noise (tie). WAL-att-adv
-routing: the z=0 share is flat while the discriminator is frozen (0.36-0.38), then rises to
-0.83 / 0.80 / 0.79 at mismatch 0 / 0.3 / 0.5; P(z=1) ranks the mismatched training pairs above
-the clean ones (AUC 0.91 at 0.3, 0.86 at 0.5) but the mean gap is small (0.19 against 0.18).
+Last full run (defaults: 2 seeds, 66 trainings, 4.3 min wall on 2 CPU cores; the script's own
+verdicts; after MIL-NCE candidates became word sequences): reproduced: AMM > NCE (+4 to +7
+points at every rate), MIL-NCE K=3 > K=1 and K=5 > K=1 at mismatch 0.3 and 0.5 (+5 to +17;
+ties at 0), WAL-att > WAL (+19 to +20). Not reproduced: NCE > MMS (identical: MMS's paper
+margin stays 0.001), MMS > SHN (+1 to +3, within tol), K=5 > K=3 (+2.9 and +3.2 at 0.3 and 0.5,
+within 2 SE), WAL-att-adv > WAL-att (ties: -4.2, 0.0, -0.5, with a seed std of 2-15 points on
+WAL-att-adv), the adv gain growing with noise (tie). WAL-att-adv routing: the z=0 share is flat
+while the discriminator is frozen (0.36-0.38), then rises to 0.83 / 0.80 / 0.79 at mismatch
+0 / 0.3 / 0.5; P(z=1) ranks the mismatched training pairs above the clean ones (AUC 0.91 at
+0.3, 0.86 at 0.5) but the mean gap is small (0.19 against 0.18).
 With --noise swap (no candidate holds the true sentence; --quick, 1 seed) K=5 falls below K=1
 (-4.0 and -3.1 at 0.3 and 0.5): the MIL-NCE gain comes from the true sentence being a neighbour.
 
