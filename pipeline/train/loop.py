@@ -281,6 +281,8 @@ def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume:
     result = evaluate_model(model, pairs, dev, cfg.seed)
     result["curve"] = curve
     result["device"] = dev.type
+    # Float sums split over threads round differently, so CPU runs match at equal thread counts.
+    result["torch_threads"] = torch.get_num_threads()
     write_outputs(out_dir, result)
     return result
 
