@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchkit import mirror_pages
 
 from pipeline.demo import make_demo_media, serve_demo
 
@@ -25,15 +26,10 @@ def child(site: Path, root: Path, videos: int) -> dict:
     from flows.build import run_build
     from pipeline.config import parse_config
 
-    pages = sorted((site / "pages").glob("tour-*.html"))
-    names = []
-    for i in range(videos):
-        name = f"bench-{i:04d}.html"
-        shutil.copy(pages[i % len(pages)], site / "pages" / name)
-        names.append(name)
+    names = mirror_pages(site, videos)
     with serve_demo(site) as base:
         urls = root.parent / f"urls-{videos}.txt"
-        urls.write_text("".join(f"{base}pages/{n}\n" for n in names))
+        urls.write_text("".join(f"{base}{n}\n" for n in names))
         cfg = parse_config({
             "name": "bench", "sources": [{"type": "list", "path": str(urls)}],
             "transcribe": {"prefer": ["manual"]},

@@ -15,16 +15,10 @@ import os
 import random
 import subprocess
 import tempfile
-import time
+
+from benchkit import make_test_video, timed
 
 from pipeline.media import ClipCut, cut_clips, probe
-
-
-def make_video(path: str, seconds: int = 180) -> None:
-    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi",
-                    "-i", f"testsrc2=s=854x480:r=25:d={seconds}", "-f", "lavfi",
-                    "-i", f"sine=frequency=440:duration={seconds}", "-c:v", "libx264", "-preset", "ultrafast",
-                    "-g", "250", "-pix_fmt", "yuv420p", "-c:a", "aac", path], check=True)
 
 
 def make_cuts(duration_s: float, count: int, seed: int, folder: str) -> list[ClipCut]:
@@ -58,12 +52,6 @@ def per_video(path: str, cuts: list[ClipCut], precision: str, height: int, audio
         raise SystemExit(f"cut_clips failed: {failed}")
 
 
-def timed(fn, *args) -> float:
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--video", help="use this video instead of generating one")
@@ -79,7 +67,7 @@ def main() -> None:
         if path is None:
             path = os.path.join(tmp, "v.mp4")
             print("generating a 3-minute 854x480 video ...", flush=True)
-            make_video(path)
+            make_test_video(path, 180, audio=True)
         info = probe(path)
         print(f"video {info.width}x{info.height} {info.fps:g} fps {info.duration_s:.0f}s; {args.clips} clips; "
               f"audio {'on' if audio else 'off'}; exact: libx264 veryfast, height {args.height}; "
@@ -91,7 +79,7 @@ def main() -> None:
                     folder = os.path.join(tmp, f"{precision}-{name.replace(' ', '-')}-{round_}")
                     cuts = make_cuts(info.duration_s, args.clips, args.seed, folder)
                     os.makedirs(folder)
-                    spent = timed(fn, path, cuts, precision, args.height, audio)
+                    spent, _ = timed(fn, path, cuts, precision, args.height, audio)
                     times[name] = min(times.get(name, spent), spent)
             print(f"{precision:5s}  one process per clip {times['per clip']:6.2f}s   one per video "
                   f"{times['per video']:6.2f}s   ratio {times['per clip'] / times['per video']:.1f}x (goal >= 3)")

@@ -7,10 +7,11 @@ Usage: python bench/download.py [--pages 48] [--videos 4]
 from __future__ import annotations
 
 import argparse
-import shutil
 import tempfile
 import time
 from pathlib import Path
+
+from benchkit import mirror_pages
 
 from pipeline import download
 from pipeline.config import parse_config
@@ -19,18 +20,6 @@ from pipeline.discover import discover
 from pipeline.runner import run_stage
 from pipeline.stages import context
 from pipeline.storage import Corpus
-
-
-def mirror_pages(site: Path, pages: int) -> list[str]:
-    """Copies of the good pages under new names, so there are ``pages`` distinct videos."""
-    good = sorted(p for p in (site / "pages").glob("tour-*.html"))
-    names = []
-    for i in range(pages):
-        source = good[i % len(good)]
-        name = f"bench-{i:04d}.html"
-        shutil.copy(source, site / "pages" / name)
-        names.append(f"pages/{name}")
-    return names
 
 
 def run(base: str, names: list[str], concurrency: int, work: Path) -> tuple[float, int, int]:

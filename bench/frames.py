@@ -16,19 +16,13 @@ import os
 import random
 import subprocess
 import tempfile
-import time
 
 import numpy as np
+from benchkit import make_test_video, timed
 
 from pipeline.media import FrameRequest, FrameSpec, probe, sample_frames
 
 SPEC = FrameSpec(fps=2, short_side=256, crop=224)
-
-
-def make_video(path: str, seconds: int = 600) -> None:
-    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi",
-                    "-i", f"testsrc2=s=854x480:r=25:d={seconds}", "-c:v", "libx264", "-preset", "ultrafast",
-                    "-g", "250", "-pix_fmt", "yuv420p", path], check=True)
 
 
 def make_clips(duration_s: float, count: int, seed: int) -> list[FrameRequest]:
@@ -68,12 +62,6 @@ def full_decode(path: str) -> None:
     subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-i", path, "-f", "null", "-"], check=True)
 
 
-def timed(fn, *args) -> tuple[float, object]:
-    start = time.perf_counter()
-    result = fn(*args)
-    return time.perf_counter() - start, result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--video", help="use this video instead of generating one")
@@ -87,7 +75,7 @@ def main() -> None:
         if path is None:
             path = os.path.join(tmp, "v.mp4")
             print("generating a 10-minute 854x480 video ...", flush=True)
-            make_video(path)
+            make_test_video(path, 600)
         info = probe(path)
         clips = make_clips(info.duration_s, args.clips, args.seed)
         covered = sum(c.end_s - c.start_s for c in clips)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -207,6 +208,16 @@ def _target(target: str, root: str | None) -> tuple[Corpus, Config]:
     return corpus, load_config(corpus.local_path("config.yaml"))
 
 
+def _on_target(target: str, root: str | None, run: Callable[[Corpus, Config], dict]) -> dict:
+    """``run`` on the corpus and config of TARGET; unusable input exits 2 with its message."""
+    setup_logging("rich")
+    try:
+        return run(*_target(target, root))
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]{exc}[/red]", highlight=False)
+        raise typer.Exit(2) from None
+
+
 Root = Annotated[str | None, typer.Option(help="Corpus root (default: the config's).")]
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
 Pairs = Annotated[str | None, typer.Option(help="An external pairs file (parquet) instead of "
@@ -229,14 +240,8 @@ def train(
     """Train the config's retrieval model on a corpus's features; prints metrics.json."""
     from pipeline.train.run import train_corpus
 
-    setup_logging("rich")
-    try:
-        corpus, cfg = _target(target, root)
-        metrics = train_corpus(corpus, cfg, out, device=device, resume=resume, pairs_file=pairs,
-                               shards=shards)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]{exc}[/red]", highlight=False)
-        raise typer.Exit(2) from None
+    metrics = _on_target(target, root, lambda corpus, cfg: train_corpus(
+        corpus, cfg, out, device=device, resume=resume, pairs_file=pairs, shards=shards))
     print(json.dumps({k: v for k, v in metrics.items() if k != "curve"}, default=str))
 
 
@@ -253,14 +258,8 @@ def evaluate(
     """Evaluate a trained retrieval model on the test split; prints its metrics."""
     from pipeline.train.run import evaluate_corpus
 
-    setup_logging("rich")
-    try:
-        corpus, cfg = _target(target, root)
-        metrics = evaluate_corpus(corpus, cfg, checkpoint, device=device, pairs_file=pairs,
-                                  shards=shards)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]{exc}[/red]", highlight=False)
-        raise typer.Exit(2) from None
+    metrics = _on_target(target, root, lambda corpus, cfg: evaluate_corpus(
+        corpus, cfg, checkpoint, device=device, pairs_file=pairs, shards=shards))
     print(json.dumps(metrics, default=str))
 
 

@@ -83,11 +83,11 @@ def _media_path(info: dict[str, Any], notes: Sequence[str] = ()) -> str:
 
 
 class FileTooLarge(BadInputError):
-    pass
+    """The video's files grew past ``download.max_filesize_mb``: the same on every try."""
 
 
 class DownloadTooSlow(PermanentError):
-    pass
+    """Still transferring after ``download.timeout_s``; ``--retry-failed`` tries it again."""
 
 
 class _Caps:
