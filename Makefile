@@ -35,7 +35,7 @@ test: venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 schema: venv
-	$(PY) -m pipeline.config --write-schema
+	$(VENV)/bin/vlcorpus schema --write
 
 clean:
 	rm -rf $(VENV) $(DEMO_ROOT) .pytest_cache

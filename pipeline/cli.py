@@ -263,5 +263,21 @@ def evaluate(
     print(json.dumps(metrics, default=str))
 
 
+@app.command()
+def schema(
+    write: Annotated[bool, typer.Option("--write", help="Write schemas/config.schema.json instead "
+                                                         "of printing it.")] = False,
+) -> None:
+    """The JSON schema of the YAML config (editors use it for completion and checks)."""
+    from pipeline.config import SCHEMA_PATH, config_json_schema
+
+    text = json.dumps(config_json_schema(), sort_keys=True, indent=2) + "\n"
+    if write:
+        SCHEMA_PATH.write_text(text, encoding="utf-8")
+        console.print(f"wrote {SCHEMA_PATH}")
+    else:
+        print(text, end="")
+
+
 if __name__ == "__main__":
     app()

@@ -66,7 +66,7 @@ def test_minimal_config_gets_defaults() -> None:
 def test_committed_schema_is_current() -> None:
     committed = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     assert committed == config_json_schema(), (
-        "schemas/config.schema.json is stale: run `python -m pipeline.config --write-schema`"
+        "schemas/config.schema.json is stale: run `make schema` (vlcorpus schema --write)"
     )
 
 

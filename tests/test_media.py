@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from conftest import require_binaries
 
-from pipeline import media
+from pipeline.media import clips as media_clips
+from pipeline.media import frames as media_frames
 from pipeline.errors import BadInputError
 from pipeline.media import ClipCut, FrameRequest, FrameSpec, cut_clips, frame_times, probe, sample_frames
 
@@ -99,14 +100,14 @@ def test_shapes_and_colours(videos):
 
 def test_many_overlapping_requests_in_one_forward_pass(videos, monkeypatch):
     decoded: list[float] = []
-    inner = media._decoded
+    inner = media_frames._decoded
 
     def counting(*args):
         for time_s, frame in inner(*args):
             decoded.append(time_s)
             yield time_s, frame
 
-    monkeypatch.setattr(media, "_decoded", counting)
+    monkeypatch.setattr(media_frames, "_decoded", counting)
     specs = [WAL, FrameSpec(frames=8), FrameSpec(fps=10, crop=None), FrameSpec(frames=3, short_side=112, crop=112)]
     requests = [FrameRequest(f"clip{i}|{j}", start, start + 2.5, spec)
                 for i, start in enumerate(np.arange(0.0, 9.0, 0.7)) for j, spec in enumerate(specs)]
@@ -203,7 +204,7 @@ def _middle_colour_ok(path: str, start_s: float, end_s: float) -> bool:
 
 @pytest.mark.parametrize("audio,per_process", [(False, 16), (True, 2)])
 def test_exact_cuts_are_frame_accurate(videos, tmp_path, monkeypatch, audio, per_process):
-    monkeypatch.setattr(media, "EXACT_CLIPS_PER_PROCESS", per_process)
+    monkeypatch.setattr(media_clips, "EXACT_CLIPS_PER_PROCESS", per_process)
     spans = [(5.0, 9.6), (0.3, 2.5), (1.5, 2.5), (3.9, 4.2), (9.2, 12.0), (1.96, 2.6)]
     cuts = [ClipCut(f"c{i}", s, e, str(tmp_path / "clips" / f"c{i}.mp4")) for i, (s, e) in enumerate(spans)]
     got = cut_clips(videos["colours"], cuts, precision="exact", height=120, audio=audio)

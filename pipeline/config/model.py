@@ -1,0 +1,91 @@
+"""The whole config: every section, and the checks that span sections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pipeline.config.execution import ExecutionConfig
+from pipeline.config.features import TEXT_PREFIX, FeaturesConfig, FramesConfig
+from pipeline.config.problems import Found, raise_if
+from pipeline.config.sections import AlignConfig, DownloadConfig, FiltersConfig, TranscribeConfig
+from pipeline.config.shards import ShardsConfig
+from pipeline.config.sources import Source
+from pipeline.config.train import TrainConfig
+
+_SECTIONS_WITH_DEFAULTS = (
+    "filters", "download", "transcribe", "align", "frames", "features", "shards", "execution",
+)
+
+
+class Config(BaseModel):
+    """A corpus build: where videos come from and what every stage does with them."""
+
+    model_config = ConfigDict(extra="forbid", title="vlcorpus config")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="safe as a file name")
+    root: str | None = Field(None, description="corpus root: a local path or any fsspec URL")
+    sources: list[Source] = Field(min_length=1)
+    filters: FiltersConfig = Field(default_factory=FiltersConfig)
+    download: DownloadConfig = Field(default_factory=DownloadConfig)
+    transcribe: TranscribeConfig = Field(default_factory=TranscribeConfig)
+    align: AlignConfig = Field(default_factory=AlignConfig)
+    frames: FramesConfig = Field(default_factory=FramesConfig)
+    features: FeaturesConfig = Field(default_factory=FeaturesConfig)
+    shards: ShardsConfig = Field(default_factory=ShardsConfig)
+    train: TrainConfig | None = Field(None, description="None: no training")
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections(cls, data: Any) -> Any:
+        # `download:` with every key commented out is YAML null; it means "all defaults".
+        if isinstance(data, dict):
+            return {
+                k: {} if v is None and k in _SECTIONS_WITH_DEFAULTS else v for k, v in data.items()
+            }
+        return data
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> "Config":
+        problems: Found = []
+        names: set[str] = set()
+        for i, source in enumerate(self.sources):
+            if source.name is None:
+                continue
+            if source.name in names:
+                # The union tag in the path, as in pydantic's own error locations.
+                where = ("sources", i, source.type, "name")
+                problems.append((where, f"duplicate source name {source.name!r}"))
+            names.add(source.name)
+        for i, extractor in enumerate(self.features.extractors):
+            side = extractor.short_side or self.frames.short_side
+            crop = extractor.crop or self.frames.crop
+            if not extractor.is_text and crop > side:
+                problems.append((("features", "extractors", i, "crop"),
+                                 f"larger than the short side ({crop} > {side})"))
+        if self.train is not None:
+            problems += self._train_inputs(self.train)
+        raise_if(problems)
+        return self
+
+    def _train_inputs(self, train: TrainConfig) -> Found:
+        extractors = {e.name: e for e in self.features.extractors}
+        listed = ", ".join(extractors) or "(none)"
+        problems: Found = []
+        for key in ("visual", "text"):
+            name = getattr(train, key)
+            extractor = extractors.get(name)
+            if extractor is None:
+                problems.append(
+                    (("train", key), f"{name!r} is not in features.extractors; listed: {listed}")
+                )
+            elif key == "visual" and extractor.is_text:
+                problems.append((("train", key), f"{name!r} is a text extractor"))
+            elif key == "text" and not extractor.is_text:
+                problems.append(
+                    (("train", key), f"{name!r} has no text output; use a {TEXT_PREFIX}<model> "
+                     f"extractor (text:s3d_howto100m for the MIL-NCE text tower)")
+                )
+        return problems

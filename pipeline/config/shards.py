@@ -1,0 +1,51 @@
+"""Training-ready shards: the `shards` section."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+class ClipMediaConfig(BaseModel):
+    """How clip media is cut into WebDataset samples."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    precision: Literal["copy", "exact"] = Field(
+        "exact", description="copy: stream copy, cut at keyframes; exact: re-encode, frame exact"
+    )
+    height: int | None = Field(224, gt=0, description="None: keep the source height")
+    fps: float | None = Field(None, gt=0, description="None: keep the source rate")
+    codec: str = Field("libx264", min_length=1)
+    audio: bool = False
+
+
+class WebDatasetConfig(BaseModel):
+    """WebDataset tar shards, one sample per clip."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    samples_per_shard: int = Field(1000, gt=0)
+    max_bytes: int = Field(1_000_000_000, gt=0)
+    include_media: bool = Field(False, description="add the clip mp4 to each sample")
+    media: ClipMediaConfig = Field(default_factory=ClipMediaConfig)
+
+
+class ParquetShardConfig(BaseModel):
+    """Parquet shards: clips joined with their features."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    row_group_size: int = Field(1024, gt=0, description="rows per row group, for readers")
+    rows_per_file: int = Field(100_000, gt=0, description="rows per part file")
+
+
+class ShardsConfig(BaseModel):
+    """Training-ready shards."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    webdataset: WebDatasetConfig = Field(default_factory=WebDatasetConfig)
+    parquet: ParquetShardConfig = Field(default_factory=ParquetShardConfig)

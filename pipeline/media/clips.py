@@ -1,0 +1,196 @@
+"""Clips cut out of a video: all clips of a video in one ffmpeg process (stream copy or
+frame-exact re-encode), each output checked before it is renamed into place."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import av
+import ffmpeg
+
+from pipeline.errors import BadInputError
+from pipeline.media.frames import END_SLACK_S, TIME_EPS
+from pipeline.media.probe import MediaInfo, probe
+from pipeline.media.process import run_ffmpeg
+
+# ffmpeg frees an encoder only when it exits, and an x264 encoder holds ~35 MB at 640x360: exact
+# cuts of one video share a process by groups of this many clips (by start time) to bound memory.
+EXACT_CLIPS_PER_PROCESS = 16
+
+
+@dataclass(frozen=True)
+class ClipCut:
+    key: str
+    start_s: float
+    end_s: float
+    out_path: str
+
+
+def cut_clips(path: str, cuts: Sequence[ClipCut], precision: Literal["copy", "exact"] = "exact",
+              height: int | None = None, fps: float | None = None, codec: str = "libx264",
+              audio: bool = False, timeout_s: float = 600) -> dict[str, str | BadInputError]:
+    """Cut ``cuts`` out of ``path`` with one ffmpeg process (``exact``: one per
+    EXACT_CLIPS_PER_PROCESS clips; ``timeout_s`` is per process); returns each key's output
+    path, or a BadInputError for that key (or for every key when the input is unreadable).
+
+    ``exact`` re-encodes (``codec``, veryfast, yuv420p, faststart) and is frame-accurate: the
+    output lasts the requested time within one frame; ``height`` scales keeping the aspect
+    (even width) and ``fps`` resamples. ``copy`` copies the streams without re-encoding, so a
+    clip starts at the last keyframe at or before its start (up to one GOP early), may end a
+    few frames late (B-frame reordering), and ``height``/``fps``/``codec`` do not apply.
+    ``audio`` keeps the first audio track when there is one. Outputs appear under their names
+    only when whole.
+    """
+    _check_cuts(cuts, precision, height)
+    try:
+        info = probe(path)
+        if not info.has_video:
+            raise BadInputError("no video stream")
+    except BadInputError as exc:
+        return {cut.key: exc for cut in cuts}
+    results: dict[str, str | BadInputError] = {
+        cut.key: BadInputError(f"clip {cut.start_s:.2f}-{cut.end_s:.2f}s ends after the media "
+                               f"({info.duration_s:.2f}s)")
+        for cut in cuts if cut.end_s > info.duration_s + END_SLACK_S}
+    todo = [cut for cut in cuts if cut.key not in results]
+    if todo:
+        try:
+            results |= _cut(path, todo, info, precision, height, fps, codec, audio, timeout_s)
+        except BadInputError as exc:
+            results |= {cut.key: exc for cut in todo}
+    return {cut.key: results[cut.key] for cut in cuts}
+
+
+def _cut(path: str, cuts: Sequence[ClipCut], info: MediaInfo, precision: str, height: int | None,
+         fps: float | None, codec: str, audio: bool, timeout_s: float) -> dict[str, str | BadInputError]:
+    with_audio = audio and info.has_audio
+    for cut in cuts:
+        os.makedirs(os.path.dirname(cut.out_path) or ".", exist_ok=True)
+    if precision == "copy":
+        starts = dict(zip([cut.key for cut in cuts], _copy_starts(path, [cut.start_s for cut in cuts])))
+        source = ffmpeg.input(path)
+        jobs = [(cuts, [_copy_output(source, cut, starts[cut.key], with_audio) for cut in cuts])]
+    else:
+        starts = {cut.key: cut.start_s for cut in cuts}
+        by_start = sorted(cuts, key=lambda cut: cut.start_s)
+        groups = [by_start[i:i + EXACT_CLIPS_PER_PROCESS] for i in range(0, len(by_start), EXACT_CLIPS_PER_PROCESS)]
+        jobs = [(group, _exact_outputs(path, group, height, fps, codec, with_audio)) for group in groups]
+    errors = {}
+    for group, outputs in jobs:
+        run = run_ffmpeg(ffmpeg.merge_outputs(*outputs).get_args(), timeout_s)
+        errors |= {cut.key: run.reason if run.failed else "" for cut in group}
+    frame_s = 1 / ((fps if precision == "exact" else None) or info.fps or 25)
+    return {cut.key: _keep_output(cut, min(cut.end_s, info.duration_s) - max(starts[cut.key], 0), frame_s,
+                                  precision == "exact", errors[cut.key])
+            for cut in cuts}
+
+
+def _check_cuts(cuts: Sequence[ClipCut], precision: str, height: int | None) -> None:
+    if precision not in ("copy", "exact"):
+        raise ValueError(f"precision must be 'copy' or 'exact', not {precision!r}")
+    if height is not None and (height <= 0 or height % 2):
+        raise ValueError("height must be a positive even number (yuv420p)")
+    if len({cut.key for cut in cuts}) != len(cuts):
+        raise ValueError("cut keys must be unique")
+    for cut in cuts:
+        if not 0 <= cut.start_s < cut.end_s:
+            raise ValueError(f"{cut.key}: needs 0 <= start < end")
+
+
+def _part_path(out_path: str) -> str:
+    """Where ffmpeg writes ``out_path`` until it is whole (same folder, same extension)."""
+    root, ext = os.path.splitext(out_path)
+    return f"{root}.part{ext}"
+
+
+def _copy_starts(path: str, times: Sequence[float]) -> list[float]:
+    """The -ss of each copied clip: just before (1 ms, against rounding) the decode time of the
+    last video keyframe at or before its start, found by seeking (the container's index, no
+    decoding). A copy drops packets decoded before -ss and then all up to the first keyframe,
+    so the clip starts at that keyframe. Negative: the keyframe is the first packet."""
+    try:
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            offset = (container.start_time or 0) / 1e6
+            base = float(stream.time_base)
+            starts = []
+            for time_s in times:
+                container.seek(int((time_s + offset) / base), stream=stream, backward=True)
+                packet = next((p for p in container.demux(stream) if p.is_keyframe and p.dts is not None),
+                              None)
+                keyframe_s = min(time_s, packet.dts * base - offset) if packet else time_s
+                starts.append(keyframe_s - 0.001)
+            return starts
+    except av.FFmpegError as exc:
+        raise BadInputError(f"unreadable media: {exc}") from None
+
+
+def _copy_output(source: ffmpeg.nodes.FilterableStream, cut: ClipCut, start: float,
+                 with_audio: bool) -> ffmpeg.nodes.OutputStream:
+    # Output-side -ss/-t: every clip reads the one shared input. No -ss before the first packet:
+    # -ss 0 would drop a keyframe decoded at a negative time (B-frames).
+    streams = [source["v:0"]] + ([source["a:0"]] if with_audio else [])
+    seek = {"ss": f"{start:.6f}"} if start > 0 else {}
+    return ffmpeg.output(*streams, _part_path(cut.out_path), **seek, t=f"{cut.end_s - max(start, 0):.6f}",
+                         c="copy", movflags="+faststart")
+
+
+def _exact_outputs(path: str, cuts: Sequence[ClipCut], height: int | None, fps: float | None,
+                   codec: str, with_audio: bool) -> list[ffmpeg.nodes.OutputStream]:
+    # One decode feeds every clip: split the stream, trim each branch, restart its clock. The
+    # input is entered (frame-accurately) at the first clip: time 0 of the graph is that start.
+    origin = min(cut.start_s for cut in cuts)
+    source = ffmpeg.input(path, ss=f"{origin:.6f}")
+    videos = source["v:0"].split()
+    audios = source["a:0"].asplit() if with_audio else None
+    encoder = {"vcodec": codec, "pix_fmt": "yuv420p", "movflags": "+faststart"}
+    if codec in ("libx264", "libx265"):
+        encoder["preset"] = "veryfast"
+    outputs = []
+    for i, cut in enumerate(cuts):
+        start, end = cut.start_s - origin, cut.end_s - origin
+        video = videos[i].trim(start=start, end=end).setpts("PTS-STARTPTS")
+        if fps:
+            video = video.filter("fps", fps=fps)
+        # Even sizes for yuv420p; -2 keeps the aspect with an even width.
+        video = video.filter("scale", -2, height) if height else video.filter(
+            "scale", "trunc(iw/2)*2", "trunc(ih/2)*2")
+        streams = [video]
+        if audios is not None:
+            streams.append(audios[i].filter("atrim", start=start, end=end)
+                           .filter("asetpts", "PTS-STARTPTS"))
+        outputs.append(ffmpeg.output(*streams, _part_path(cut.out_path), **encoder))
+    return outputs
+
+
+def _duration(path: str) -> float:
+    """What ffprobe calls the format duration, read in-process: an ffprobe per clip would take
+    longer than cutting a clip."""
+    try:
+        with av.open(path) as container:
+            return (container.duration or 0) / 1e6
+    except (av.FFmpegError, OSError) as exc:
+        raise BadInputError(f"unreadable output: {exc}") from None
+
+
+def _keep_output(cut: ClipCut, want_s: float, frame_s: float, exact: bool,
+                 ffmpeg_error: str) -> str | BadInputError:
+    """Rename a whole output into place; a missing or wrongly long one is bad input."""
+    part = _part_path(cut.out_path)
+    try:
+        got = _duration(part)
+    except BadInputError as exc:
+        problem = ffmpeg_error or str(exc)
+    else:
+        # Exact cuts last the request within a frame; copies may start up to a GOP early.
+        short = got < want_s - frame_s - TIME_EPS
+        if not short and not (exact and got > want_s + frame_s + TIME_EPS):
+            os.replace(part, cut.out_path)
+            return cut.out_path
+        problem = f"output lasts {got:.3f}s, wanted {want_s:.3f}s" + (f" ({ffmpeg_error})" if ffmpeg_error else "")
+    if os.path.exists(part):
+        os.remove(part)
+    return BadInputError(f"cutting {cut.start_s:.2f}-{cut.end_s:.2f}s failed: {problem}")

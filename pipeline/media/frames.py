@@ -1,0 +1,228 @@
+"""The frames each clip needs, from one decode per video (PyAV)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import av
+import numpy as np
+
+from pipeline.errors import BadInputError
+
+END_SLACK_S = 0.5  # a time this far past the last frame still takes the last frame
+SEEK_MIN_S = 1.0  # seek only past this much video: a seek flushes the frames being decoded
+TIME_EPS = 1e-6  # float slack when comparing sample times with frame times
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """How one feature extractor wants its frames: ``fps`` over the clip, or exactly
+    ``frames`` spread uniformly; resized so the short side is ``short_side``, then centre
+    cropped to ``crop`` x ``crop`` (None: no crop)."""
+
+    fps: float | None = None
+    frames: int | None = None
+    short_side: int = 256
+    crop: int | None = 224
+
+
+@dataclass(frozen=True)
+class FrameRequest:
+    key: str  # who asked, e.g. "<clip_id>" or "<clip_id>|<extractor>"
+    start_s: float
+    end_s: float
+    spec: FrameSpec
+
+
+def frame_times(request: FrameRequest) -> list[float]:
+    """Sample times of a request: with ``fps``, at start + (i + 0.5) / fps while before the end
+    (at least one, the clip's middle); with ``frames=N``, the centres of N equal parts."""
+    spec, start, end = request.spec, request.start_s, request.end_s
+    if (spec.fps is None) == (spec.frames is None):
+        raise ValueError(f"{request.key}: set exactly one of fps and frames")
+    if (spec.fps is not None and spec.fps <= 0) or (spec.frames is not None and spec.frames < 1):
+        raise ValueError(f"{request.key}: fps and frames must be positive")
+    if end < start:
+        raise ValueError(f"{request.key}: ends before it starts")
+    if spec.crop is not None and spec.crop > spec.short_side:
+        raise ValueError(f"{request.key}: crop {spec.crop} is larger than short side {spec.short_side}")
+    if spec.frames is not None:
+        step = (end - start) / spec.frames
+        return [start + (i + 0.5) * step for i in range(spec.frames)]
+    candidates = (start + (i + 0.5) / spec.fps for i in range(math.ceil((end - start) * spec.fps)))
+    return [t for t in candidates if t < end] or [(start + end) / 2]
+
+
+def _resized_size(width: int, height: int, short_side: int) -> tuple[int, int]:
+    scale = short_side / min(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _centre_crop(image: np.ndarray, crop: int | None) -> np.ndarray:
+    if crop is None:
+        return image
+    top, left = (image.shape[0] - crop) // 2, (image.shape[1] - crop) // 2
+    return image[top:top + crop, left:left + crop]
+
+
+def _to_rgb(frame: av.VideoFrame, size: tuple[int, int]) -> np.ndarray:
+    return frame.reformat(width=size[0], height=size[1], format="rgb24").to_ndarray()
+
+
+class _Collector:
+    """The frames of all requests of one video. Sample times of every request are merged into
+    one sorted list, so each decoded frame costs one comparison; a frame is converted only when
+    some time falls on it, once per output size, on ``pool`` while decoding goes on (swscale
+    and the decoder release the GIL; the conversion is the expensive part)."""
+
+    def __init__(self, requests: Sequence[FrameRequest], pool: Executor) -> None:
+        keys = [r.key for r in requests]
+        if len(set(keys)) != len(keys):
+            raise ValueError("request keys must be unique")
+        self.pool = pool
+        times = {r.key: frame_times(r) for r in requests}
+        self.requests = {r.key: r for r in requests}
+        self.wanted = {key: len(t) for key, t in times.items()}
+        # Per open request: its frames so far, as (resized image to come, quarter turns).
+        self.frames: dict[str, list[tuple[Future[np.ndarray], int]]] = {r.key: [] for r in requests}
+        # Decode order: by time, then by clip start, so earlier clips complete first.
+        by_start = sorted(requests, key=lambda r: (r.start_s, r.end_s))
+        self.events = sorted((t, i, r.key) for i, r in enumerate(by_start) for t in times[r.key])
+        self.pos = 0
+        self.last: tuple[float, av.VideoFrame] | None = None  # newest frame, shown until the next
+
+    def next_time(self) -> float | None:
+        """The earliest sample time not yet served."""
+        return self.events[self.pos][0] if self.pos < len(self.events) else None
+
+    def add(self, time_s: float, frame: av.VideoFrame) -> Iterator[tuple[str, np.ndarray]]:
+        """A new frame shown from ``time_s``: times before it fall on the previous frame (or on
+        this one, when it is the first)."""
+        shown = self.last or (time_s, frame)
+        yield from self._serve(shown[1], until=time_s - TIME_EPS)
+        self.last = (time_s, frame)
+
+    def finish(self) -> Iterator[tuple[str, np.ndarray | BadInputError]]:
+        """The media ended: times shortly after the last frame take it, the rest fail."""
+        if self.last is not None:
+            yield from self._serve(self.last[1], until=self.last[0] + END_SLACK_S)
+        end = f"{self.last[0]:.2f}s" if self.last else "its start (no frames decoded)"
+        yield from self.fail(f"media ends at {end}, before the requested frames")
+
+    def fail(self, message: str) -> Iterator[tuple[str, BadInputError]]:
+        """Every request still open fails with ``message``."""
+        for key, request in self.requests.items():
+            del self.frames[key]
+            yield key, BadInputError(f"{message} (wanted {request.start_s:.2f}-{request.end_s:.2f}s)")
+        self.requests.clear()
+
+    def _serve(self, frame: av.VideoFrame, until: float) -> Iterator[tuple[str, np.ndarray]]:
+        resized: dict[tuple[int, int], Future[np.ndarray]] = {}  # one conversion per size
+        while self.pos < len(self.events) and self.events[self.pos][0] < until:
+            key = self.events[self.pos][2]
+            self.pos += 1
+            if key not in self.frames:  # already failed
+                continue
+            size = _resized_size(frame.width, frame.height, self.requests[key].spec.short_side)
+            if size not in resized:
+                resized[size] = self.pool.submit(_to_rgb, frame, size)
+            self.frames[key].append((resized[size], round(frame.rotation / 90)))
+            if len(self.frames[key]) == self.wanted[key]:
+                crop = self.requests.pop(key).spec.crop
+                yield key, np.stack([np.rot90(_centre_crop(image.result(), crop), k=turns)
+                                     for image, turns in self.frames.pop(key)])
+
+
+def _decoded(container: av.container.InputContainer, stream: av.VideoStream,
+             next_time: Callable[[], float | None]) -> Iterator[tuple[float, av.VideoFrame]]:
+    """Frames in display order with their time from the media start, until nothing more is
+    wanted. Still one forward pass, but frames nobody wants are skipped by seeking to the last
+    keyframe before the next wanted time, when the index shows one well ahead of us."""
+    offset = (container.start_time or 0) / 1e6  # the time origin ffmpeg and ffprobe use
+    base = float(stream.time_base)
+    position = float("-inf")  # time of the newest frame handed out
+    seeking = True
+    seeked_from: float | None = None
+    while True:
+        jumped = False
+        for frame in container.decode(stream):
+            if frame.pts is None:
+                continue
+            time_s = frame.pts * base - offset
+            if seeked_from is not None:
+                # A seek that lands at or before where we were (the index lists decode times,
+                # and a keyframe shows a little later) gains nothing: read straight on.
+                seeking = seeking and time_s > seeked_from
+                seeked_from = None
+            if time_s <= position:
+                continue
+            position = time_s
+            yield time_s, frame
+            wanted = next_time()
+            if wanted is None:
+                return
+            if seeking and wanted - time_s > SEEK_MIN_S and _seek_ahead(
+                    container, stream, time_s + offset, wanted + offset):
+                seeked_from = time_s
+                jumped = True
+                break
+        if not jumped:
+            return
+
+
+def _seek_ahead(container: av.container.InputContainer, stream: av.VideoStream,
+                now: float, target: float) -> bool:
+    """Seek to the keyframe at or before ``target`` if the index has one well after ``now``."""
+    entries = stream.index_entries
+    if not len(entries):
+        return False
+    base = float(stream.time_base)
+    index = entries.search_timestamp(int(target / base), backward=True)
+    # The index lists every packet; decoding can only restart at a keyframe.
+    while index >= 0 and not entries[index].is_keyframe:
+        index -= 1
+    if index < 0 or entries[index].timestamp * base <= now + SEEK_MIN_S:
+        return False
+    # Seek by display time: ffmpeg lands on the last keyframe shown at or before ``target``.
+    container.seek(int(target / base), stream=stream, backward=True)
+    return True
+
+
+def sample_frames(path: str, requests: Sequence[FrameRequest],
+                  threads: int = 0) -> Iterator[tuple[str, np.ndarray | BadInputError]]:
+    """Decode ``path`` once and yield ``(key, uint8 [T, H, W, 3] RGB)`` for each request as soon
+    as its frames are in, or ``(key, BadInputError)`` when the file is unreadable, decoding fails,
+    or the media ends before the request's times. Each time takes the frame shown then (the last
+    with pts <= t). Only frames of requests still open are held. ``threads``: decoder threads
+    (0: FFmpeg's choice)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        collector = _Collector(requests, pool)
+        if not requests:
+            return
+        try:
+            container = av.open(path)
+        except (av.FFmpegError, OSError) as exc:
+            yield from collector.fail(f"unreadable media: {exc}")
+            return
+        with container:
+            yield from _sample(container, collector, threads)
+
+
+def _sample(container: av.container.InputContainer, collector: _Collector,
+            threads: int) -> Iterator[tuple[str, np.ndarray | BadInputError]]:
+    """Decode the first video stream of an open container into ``collector``."""
+    if not container.streams.video:
+        yield from collector.fail("no video stream")
+        return
+    stream = container.streams.video[0]
+    stream.thread_type = "AUTO"
+    stream.codec_context.thread_count = threads
+    try:
+        for time_s, frame in _decoded(container, stream, collector.next_time):
+            yield from collector.add(time_s, frame)
+        yield from collector.finish()
+    except av.FFmpegError as exc:
+        yield from collector.fail(f"decoding failed: {exc}")
