@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Test helpers (stagekit, flakyserver, speech) import from here in every test folder.
+sys.path.insert(0, str(TESTS))
 
 
 @pytest.fixture

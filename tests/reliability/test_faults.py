@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import dask_cluster, require_binaries
+from conftest import ROOT, dask_cluster, require_binaries
 from pipeline import download
 from pipeline.config import parse_config
 from pipeline.demo import serve_demo
@@ -35,7 +35,6 @@ from pipeline.storage import Corpus
 from pipeline.validate import validate
 
 pytestmark = pytest.mark.slow
-TESTS = Path(__file__).resolve().parent
 VOLATILE = {"discovered_at", "downloaded_at", "time"}
 SEEDS = range(4)
 KILLS_PER_SEED = 3
@@ -75,7 +74,7 @@ def _config(path: Path, urls: Path) -> Path:
 
 def _start(config: Path, root: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", DRIVER, str(config), str(root)],
-                            env={**os.environ, "PYTHONPATH": str(TESTS.parent)},
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import ROOT, TESTS
 from pipeline.config import SentenceConfig
 from pipeline.errors import BadInputError
 from pipeline.segment import Word
@@ -30,8 +31,8 @@ from pipeline.subtitles import (
     subtitle_sentences,
 )
 
-LOCAL = Path(__file__).resolve().parent / "data" / "subtitles"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "subtitles"
+LOCAL = TESTS / "data" / "subtitles"
+SHARED = ROOT.parent / "shared" / "data" / "subtitles"
 
 A01 = "a01_yt_auto_zoom_escaper_videogrep.en.vtt"
 A02 = "a02_yt_auto_manifesto_audiobook_videogrep.en.vtt"

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import ROOT
 from pipeline.config import (
     SCHEMA_PATH,
     Config,
@@ -15,7 +16,7 @@ from pipeline.config import (
     parse_config,
 )
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = ROOT / "configs"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
 MINIMAL = {"name": "t", "sources": [{"type": "urls", "urls": ["https://example.com/v.mp4"]}]}
 

@@ -9,11 +9,11 @@ import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from speech import tiny_model_path, wer
 
+from conftest import TESTS
 from pipeline import transcribe
 from pipeline.config import parse_config
 from pipeline.demo import DemoSite
@@ -23,7 +23,7 @@ from pipeline.storage import Corpus
 from pipeline.validate import validate
 
 pytestmark = pytest.mark.slow
-DATA = Path(__file__).parent / "data" / "subtitles"
+DATA = TESTS / "data" / "subtitles"
 
 
 def _norm(text: str) -> str:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 INFRA = ROOT / "infra"
 BIN = Path(sys.executable).parent
 # Commands the containers run; each must be an executable the package installs.
@@ -111,6 +111,7 @@ def test_deploy_registers_every_deployment(prefect_server):
 
 
 SERVE = """
+from conftest import ROOT
 from flows.build import rebuild_corpus
 rebuild_corpus.serve(name="served-test")
 """

@@ -12,10 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from conftest import TESTS
 from pipeline.storage import Corpus
 from pipeline.validate import validate
 
-TESTS = Path(__file__).resolve().parent
 SCRIPT = """
 import sys
 import stagekit

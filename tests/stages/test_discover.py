@@ -4,20 +4,20 @@ id lists in txt/csv/parquet, local folders, dedup, filters and refused URL schem
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from yt_dlp.extractor.youtube import YoutubeSearchIE
 
+from conftest import ROOT, TESTS
 from pipeline.config import load_config, parse_config
 from pipeline.discover import discover, id_for_url, queries
 from pipeline.stages import context
 from pipeline.storage import Corpus
 
-DATA = Path(__file__).parent / "data"
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+DATA = TESTS / "data"
+CONFIGS = ROOT / "configs"
 
 
 def _ctx(root: str, sources: list[dict], **sections):
