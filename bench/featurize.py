@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from pipeline import featurize
+from pipeline.features.extract import extractor_for
 from pipeline.config import parse_config
 from pipeline.demo import make_demo_media
 from pipeline.ids import clip_id
@@ -66,7 +67,7 @@ def main() -> None:
                                                          "batch_size": args.batch}],
                                          "clips_per_commit": 10_000}})
         stage = featurize.stages(cfg)[0]
-        extractor = featurize.extractor_for(cfg, args.extractor)
+        extractor = extractor_for(cfg, args.extractor)
         ctx = context(corpus, cfg)
         items = list(stage.items(ctx))
 

@@ -74,7 +74,7 @@ def main() -> None:
         work = Path(tmp)
         corpus = make_corpus(work / "corpus", args.clips)
         cfg = parse_config({"name": "bench", "sources": [{"type": "urls", "urls": ["http://x/"]}],
-                            "shards": {"webdataset": {"samples_per_shard": 1000}}})
+                            "shards": {"samples_per_shard": 1000}})
         start = time.perf_counter()
         write_webdataset(corpus, cfg)
         ours_tar = time.perf_counter() - start

@@ -1,15 +1,23 @@
-"""The pipeline as Prefect flows: one flow per stage, and ``build_corpus``, which runs them in
-order as subflows on one Dask cluster.
+"""The pipeline as Prefect flows: ``build_corpus``, and one flow per stage.
 
-The flows only compose pipeline/: a stage flow plans its stage with the runner, submits one
-task per batch, and waits for them. Tasks return small reports; the tables are the results,
-so nothing large is held in Prefect. Downloads take slots of a Prefect global concurrency
+``build_corpus`` discovers, then moves the corpus partition by partition: each partition's
+download → transcribe → align → featurize → shard is a chain of tasks on the Dask cluster,
+with at most ``execution.max_inflight_partitions`` chains at once, so one partition is
+featurized while the next downloads, and (with ``storage.keep_media: false``) only that many
+partitions hold media. Then the shard listings, the report and training. With
+``execution.pipelined: false`` it runs each stage's flow over the whole corpus in turn instead;
+a stage flow alone is ``vlcorpus build --stage NAME`` or a deployment entrypoint.
+
+The flows only compose pipeline/. Tasks plan their own partition and return small reports;
+the tables are the results, so nothing large is held in Prefect. Task runs grow with
+partitions × stages, not with items. Downloads take slots of a Prefect global concurrency
 limit, so the limit holds across workers and across builds.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -18,39 +26,58 @@ from typing import Any
 
 import dask
 from prefect import Flow, flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
-from prefect.cache_policies import NO_CACHE
+from prefect.futures import PrefectFuture, as_completed
 from prefect.logging.handlers import APILogWorker
-from prefect.task_runners import TaskRunner
 from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
 
+from pipeline import limits, retention
 from pipeline.config import Config, config_hash, dump_config, load_config
-from pipeline.runner import BatchReport, Item, plan, run_batch
-from pipeline import limits
-from pipeline.stages import ORDER, Step, check_name, context, parts, stages_until
+from pipeline.graph import ORDER, SPECS, check_name, stages_until
+from pipeline.runner import StageReport, run_partition, run_step
+from pipeline.shards.stage import listing_report
+from pipeline.stages import context, parts
 from pipeline.storage import Corpus
 from pipeline.summary import summarize
 
 
-@task(
-    name="run-batch",
-    task_run_name="{stage_name} batch {index}/{total}",
-    retries=2,
-    retry_delay_seconds=[2, 10],
-    cache_policy=NO_CACHE,
-    persist_result=False,
-)
-def run_batch_task(
-    stage_name: str, index: int, total: int, items: list[Item], root: str, cfg: Config
-) -> dict[str, Any]:
-    # Stages are rebuilt on the worker from their name: only data travels, never closures.
-    stage = _part(stage_name, cfg)
+@task(name="partition-stage", task_run_name="{stage_name} p{partition}", retries=2,
+      retry_delay_seconds=[2, 10], cache_policy=NO_CACHE, persist_result=False)
+def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
+                   retry_failed: bool = False) -> dict[str, Any]:
+    """Every part of one stage over one partition (featurize: each extractor in turn); the
+    shard stage then drops the partition's media unless ``storage.keep_media``."""
+    started = time.monotonic()
+    ctx = context(Corpus(root), cfg)
+    reports = {}
     with limits.using(prefect_slot):
-        report = run_batch(stage, items, context(Corpus(root), cfg))
-    return {**asdict(report), "worker": _worker_name()}
+        for part in parts(stage_name, cfg):
+            size = part.batch_size or cfg.execution.batch_size
+            reports[part.name] = asdict(run_partition(part, ctx, partition, size, retry_failed))
+    released = 0
+    if stage_name == "shard" and not cfg.storage.keep_media:
+        released = retention.release(ctx, partition)
+    return {"stage": stage_name, "partition": partition, "parts": reports, "released": released,
+            "worker": _worker_name(), "seconds": time.monotonic() - started}
+
+
+@task(name="step", task_run_name="{step_name}", retries=2, retry_delay_seconds=[2, 10],
+      cache_policy=NO_CACHE, persist_result=False)
+def step_task(step_name: str, root: str, cfg: Config) -> dict[str, Any]:
+    started = time.monotonic()
+    step = next(p for p in parts(step_name, cfg))
+    report = run_step(step, context(Corpus(root), cfg))
+    return {**report, "seconds": time.monotonic() - started}
+
+
+@task(name="shard-listing", cache_policy=NO_CACHE, persist_result=False)
+def listing_task(root: str, cfg: Config, changed: list[str], written: int) -> dict[str, Any]:
+    return listing_report(Corpus(root), cfg, changed, written)
 
 
 def _worker_name() -> str:
@@ -61,12 +88,6 @@ def _worker_name() -> str:
         return str(get_worker().name)
     except (ImportError, ValueError):
         return "local"
-
-
-@task(name="run-step", task_run_name="{step_name}", retries=2, retry_delay_seconds=[2, 10],
-      cache_policy=NO_CACHE, persist_result=False)
-def run_step_task(step_name: str, root: str, cfg: Config) -> dict[str, Any]:
-    return _part(step_name, cfg)(context(Corpus(root), cfg))
 
 
 @contextmanager
@@ -84,10 +105,6 @@ def prepare_download_limit(cfg: Config) -> None:
         client.upsert_global_concurrency_limit_by_name(cfg.download.concurrency_limit, cfg.download.concurrency)
 
 
-def _part(name: str, cfg: Config) -> Any:
-    return next(p for p in parts(name.split(":", 1)[0], cfg) if p.name == name)
-
-
 def resolve_config(config: str | Path | Config | dict) -> Config:
     if isinstance(config, Config):
         return config
@@ -96,48 +113,110 @@ def resolve_config(config: str | Path | Config | dict) -> Config:
     return load_config(config)
 
 
-def run_parts(name: str, cfg: Config, corpus: Corpus, retry_failed: bool = False) -> dict[str, dict[str, Any]]:
-    """Every part of stage ``name`` on the current flow's task runner, one after the other;
-    runner stages as one task per batch. Returns each part's report."""
+class StageTotals:
+    """One stage's reports over partitions: counts per part, workers, task seconds."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, StageReport] = {}
+        self.workers: set[str] = set()
+        self.seconds = 0.0
+        self.partitions = 0
+        self.released = 0
+
+    def add(self, result: dict[str, Any]) -> None:
+        for name, report in result["parts"].items():
+            self.parts.setdefault(name, StageReport(name)).merge(StageReport(**report))
+        self.workers.add(result["worker"])
+        self.seconds += result["seconds"]
+        self.partitions += 1
+        self.released += result["released"]
+
+    def as_dicts(self) -> dict[str, dict[str, Any]]:
+        return {name: {**asdict(report), "workers": sorted(self.workers), "task_seconds":
+                       round(self.seconds, 3), "partitions": self.partitions}
+                for name, report in self.parts.items()}
+
+
+def _submit(stage: str, partition: str, corpus: Corpus, cfg: Config, retry_failed: bool,
+            after: PrefectFuture | None = None) -> PrefectFuture:
+    # GPU workers (`dask worker --resources GPU=1`) take featurize tasks when asked.
+    gpu = cfg.execution.gpu_resource and stage == "featurize"
+    with dask.annotate(**({"resources": {"GPU": 1}} if gpu else {})):
+        return partition_task.submit(stage, partition, corpus.url, cfg, retry_failed,
+                                     wait_for=[after] if after is not None else None)
+
+
+def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_failed: bool,
+                   pipelined: bool) -> dict[str, dict[str, Any]]:
+    """The partition stages over every partition: as one chain of tasks per partition with at
+    most ``execution.max_inflight_partitions`` chains at once, or one stage over all
+    partitions before the next. Returns each part's totals (and the shard listings)."""
     logger = get_run_logger()
-    reports: dict[str, dict[str, Any]] = {}
-    for stage in parts(name, cfg):
-        if isinstance(stage, Step):
-            reports[stage.name] = run_step_task.submit(stage.name, corpus.url, cfg).result()
-            continue
-        size = stage.batch_size or cfg.execution.batch_size
-        batches, report = plan(stage, context(corpus, cfg), size, retry_failed)
-        logger.info(
-            "%s: %d items, %d done before, %d failed before, %d batches to run",
-            stage.name, report.total, report.skipped_done, report.skipped_failed, len(batches),
-        )
-        # GPU workers (`dask worker --resources GPU=1`) take featurize tasks when asked.
-        gpu = cfg.execution.gpu_resource and stage.name.startswith("featurize:")
-        with dask.annotate(**({"resources": {"GPU": 1}} if gpu else {})):
-            futures = [
-                run_batch_task.submit(stage.name, i + 1, len(batches), batch, corpus.url, cfg)
-                for i, batch in enumerate(batches)
-            ]
-        workers: set[str] = set()
-        for future in futures:
-            result = future.result()
-            workers.add(result.pop("worker"))
-            report.add(BatchReport(**result))
-        reports[stage.name] = {**asdict(report), "workers": sorted(workers)}
-    return reports
+    labels = corpus.labels()
+    totals = {name: StageTotals() for name in stage_names}
+    results: list[dict[str, Any]] = []
+    if "download" in stage_names:
+        prepare_download_limit(cfg)
+    if pipelined:
+        limit = cfg.execution.max_inflight_partitions
+        logger.info("%d partitions, %d at a time: %s", len(labels), limit, " -> ".join(stage_names))
+        inflight: dict[PrefectFuture, list[PrefectFuture]] = {}
+        pending = list(labels)
+        failure: BaseException | None = None
+        while pending or inflight:
+            while pending and len(inflight) < limit:
+                chain: list[PrefectFuture] = []
+                partition = pending.pop(0)
+                for stage in stage_names:
+                    chain.append(_submit(stage, partition, corpus, cfg, retry_failed,
+                                         chain[-1] if chain else None))
+                inflight[chain[-1]] = chain
+            finished = next(as_completed(list(inflight)))
+            try:
+                results += [f.result() for f in inflight.pop(finished)]
+            except Exception as exc:  # noqa: BLE001 - raised once the chains in flight are done
+                # A task that failed past its retries (a setup problem, a full disk): start no
+                # new partition, let the others finish their batches, then fail the build.
+                failure = failure or exc
+                pending.clear()
+        if failure is not None:
+            raise failure
+    else:
+        for stage in stage_names:
+            futures = [_submit(stage, p, corpus, cfg, retry_failed) for p in labels]
+            results += [f.result() for f in futures]
+            logger.info("%s: %d partitions done", stage, len(labels))
+    for result in results:
+        totals[result["stage"]].add(result)
+    out: dict[str, dict[str, Any]] = {}
+    for total in totals.values():
+        out.update(total.as_dicts())
+    if "shard" in stage_names:
+        shard = totals["shard"]
+        changed = sorted(r["partition"] for r in results
+                         if r["stage"] == "shard" and any(p["ok"] for p in r["parts"].values()))
+        written = shard.parts["shard"].ok if "shard" in shard.parts else 0
+        out["shard"] = {**out.get("shard", {}), **listing_task(corpus.url, cfg, changed, written),
+                        "media_released": shard.released}
+    return out
+
+
+def _start(cfg: Config, root: str) -> Corpus:
+    corpus = Corpus(root)
+    corpus.write_text("config.yaml", f"# config hash {config_hash(cfg)}\n{dump_config(cfg)}")
+    return corpus
 
 
 def _stage_flow(name: str) -> Flow:
     def run(config: str | Config, root: str | None = None, retry_failed: bool = False) -> dict[str, Any]:
         cfg = resolve_config(config)
-        corpus = Corpus(_root(cfg, root))
-        corpus.write_text("config.yaml", f"# config hash {config_hash(cfg)}\n{dump_config(cfg)}")
-        if name == "download":
-            prepare_download_limit(cfg)
-        return run_parts(name, cfg, corpus, retry_failed)
+        corpus = _start(cfg, _root(cfg, root))
+        if SPECS[name].scope == "corpus":
+            return {p.name: step_task(p.name, corpus.url, cfg) for p in parts(name, cfg)}
+        return run_partitions([name], corpus, cfg, retry_failed, pipelined=False)
 
-    run.__doc__ = (f"The {name} stage of a corpus build: its batches as tasks on the flow's task "
-                   f"runner. Returns each part's report.")
+    run.__doc__ = (f"The {name} stage of a corpus build over the whole corpus: one task per "
+                   f"partition (or one step) on the flow's task runner. Returns its report.")
     return flow(run, name=name, persist_result=False)
 
 
@@ -161,14 +240,27 @@ def build_corpus(
     until: str | None = None,
     retry_failed: bool = False,
 ) -> dict[str, Any]:
-    """The stage flows up to ``until`` in order, each a subflow on this flow's Dask cluster;
-    returns the summary."""
+    """Discover, the partition stages (pipelined, or a stage at a time), the report and
+    training, up to ``until``; returns the summary with each stage's report."""
     cfg = resolve_config(config)
-    corpus = Corpus(_root(cfg, root))
-    reports: dict[str, dict[str, Any]] = {}
-    for name in stages_until(until):
+    corpus = _start(cfg, _root(cfg, root))
+    names = stages_until(until)
+    reports: dict[str, Any] = {}
+
+    def subflow(name: str) -> None:
         stage_flow = STAGE_FLOWS[name].with_options(task_runner=_same_cluster())
         reports.update(stage_flow(cfg, root=corpus.url, retry_failed=retry_failed))
+
+    if "discover" in names:
+        subflow("discover")
+    partition_stages = [n for n in names if SPECS[n].scope == "partition"]
+    if cfg.execution.pipelined and partition_stages:
+        reports.update(run_partitions(partition_stages, corpus, cfg, retry_failed, pipelined=True))
+    else:
+        for name in partition_stages:
+            subflow(name)
+    for name in (n for n in names if n not in ("discover", *partition_stages)):
+        subflow(name)
     summary = summarize(corpus)
     summary["stages"] = reports
     return summary

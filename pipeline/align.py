@@ -24,10 +24,11 @@ from functools import cache
 from typing import Any
 
 import fsspec
+import pyarrow as pa
 
 from pipeline.config import AlignConfig, Config
 from pipeline.ids import clip_id
-from pipeline.runner import Item, Outcome, Stage, StageContext, input_items, per_item
+from pipeline.runner import Item, Outcome, Stage, StageContext, attach, per_item
 
 _HAS_TEXT = re.compile(r"\w")
 
@@ -195,8 +196,8 @@ def fixed_spans(sentences: list[Span], cfg: AlignConfig, duration: float | None,
 
 def whole_span(sentences: list[Span], video: dict[str, Any], duration: float | None,
                drops: Counter) -> list[Span]:
-    start = video.get("start_s") or 0.0
-    end = video.get("end_s") or duration
+    start = video.get("listed_start_s") or 0.0
+    end = video.get("listed_end_s") or duration
     if end is None:
         drops["unknown_duration"] += len(sentences)
         return []
@@ -268,19 +269,16 @@ def align_one(item: Item, ctx: StageContext) -> Outcome:
     return Outcome(video, rows=rows, stats={f"dropped:{k}": v for k, v in drops.items()})
 
 
-def align_items(ctx: StageContext) -> list[Item]:
-    """Sentences grouped by video, with the video's duration and any listed span."""
+def align_inputs(ctx: StageContext, partition: str) -> pa.Table:
+    """One partition's sentences, each with its video's duration and any listed span."""
     corpus = ctx.corpus
-    durations = {r["video_id"]: r["duration_s"]
-                 for r in corpus.read("downloads", columns=["video_id", "duration_s"]).to_pylist()}
-    listed = {r["video_id"]: r for r in corpus.read(
-        "videos", columns=["video_id", "start_s", "end_s", "caption"]).to_pylist()}
-    items = []
-    for item in input_items(corpus, "segments", "video_id"):
-        info = dict(listed.get(item.key, {}))
-        info["duration_s"] = durations.get(item.key)
-        items.append(Item(item.key, item.rows, info=info))
-    return items
+    segments = corpus.read("segments", partition=partition)
+    durations = corpus.read("downloads", columns=["video_id", "duration_s"], partition=partition)
+    listed = corpus.read("videos", columns=["video_id", "start_s", "end_s"],
+                         partition=partition).rename_columns(
+        ["video_id", "listed_start_s", "listed_end_s"])
+    return attach(attach(segments, durations, "video_id"), listed, "video_id")
 
 
-STAGE = Stage(name="align", output="clips", items=align_items, process=per_item(align_one))
+STAGE = Stage(name="align", output="clips", inputs=align_inputs, process=per_item(align_one),
+              info=("duration_s", "listed_start_s", "listed_end_s"))

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from pipeline.config import Config, ConfigError, load_config
 from pipeline.progress import LogFormat, setup_logging
-from pipeline.stages import ORDER, check_name
+from pipeline.graph import ORDER, check_name
 from pipeline.storage import Corpus
 from pipeline.summary import print_summary, summarize
 
@@ -48,9 +48,11 @@ def _emit(summary: dict, mode: LogFormat) -> None:
     stages = summary.get("stages", {})
     if "report" in stages:
         out.print(f"report: {stages['report']['html']}", highlight=False)
-    for kind, info in stages.get("shard", {}).items():
-        out.print(f"{kind} shards: {info['samples']} samples in "
-                  f"{summary['root'].rstrip('/')}/shards/{kind}", highlight=False)
+    for kind in ("webdataset", "parquet"):
+        info = stages.get("shard", {}).get(kind)
+        if info:
+            out.print(f"{kind} shards: {info['samples']} samples in {info['shards']} shards in "
+                      f"{summary['root'].rstrip('/')}/shards/{kind}", highlight=False)
     trained = stages.get("train", {})
     if trained.get("t2v"):
         n, t2v = trained["n_test"], trained["t2v"]

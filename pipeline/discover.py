@@ -15,6 +15,9 @@ import math
 import posixpath
 import re
 from collections import Counter
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -23,6 +26,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import fsspec
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from yt_dlp.extractor import gen_extractor_classes
 
@@ -36,11 +42,15 @@ from pipeline.config import (
     Source,
     UrlsSource,
 )
+from pipeline import partitions
 from pipeline.errors import BadInputError, ErrorKind, classify
 from pipeline.ids import batch_name, safe_id, video_id
+from pipeline.partitions import CORPUS, index_of as partition_index
 from pipeline.progress import log, track
-from pipeline.runner import StageContext, retrying
+from pipeline.runner import RetryPolicy, StageContext, error_row, retrying
+from pipeline.storage import Corpus
 from pipeline.ytdlp import base_options, extract
+from schemas.tables import VIDEOS
 
 
 @dataclass(frozen=True)
@@ -196,73 +206,89 @@ def _search(text: str, spec: SearchSource, cfg: Config) -> list[dict]:
     return [r for r in rows if r is not None]
 
 
-def _read_list(spec: ListSource) -> list[dict[str, Any]]:
-    """Records of a txt, csv or parquet list file; malformed files are bad input."""
+LIST_CHUNK = 65536  # records of a list read at a time
+
+
+def _list_records(spec: ListSource) -> Iterator[list[dict[str, Any]]]:
+    """Records of a txt, csv or parquet list file, a chunk at a time (a million-line list is
+    never held whole); a malformed file is bad input from the record where it breaks."""
     try:
-        with fsspec.open(spec.path, "rb") as handle:
-            raw = handle.read()
+        handle = fsspec.open(spec.path, "rb").open()
     except FileNotFoundError:
         raise BadInputError(f"list file not found: {spec.path}") from None
-    fmt = spec.file_format
-    if fmt == "parquet":
+    with handle:
+        fmt = spec.file_format
+        if fmt == "parquet":
+            try:
+                for batch in pq.ParquetFile(handle).iter_batches(batch_size=LIST_CHUNK):
+                    yield batch.to_pylist()
+            except Exception as exc:  # noqa: BLE001 - any parse failure is the file's fault
+                raise BadInputError(f"unreadable parquet list {spec.path}: {exc}") from None
+            return
+        text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
         try:
-            return pq.read_table(io.BytesIO(raw)).to_pylist()
-        except Exception as exc:  # noqa: BLE001 - any parse failure is the file's fault
-            raise BadInputError(f"unreadable parquet list {spec.path}: {exc}") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise BadInputError(f"list {spec.path} is not UTF-8: {exc}") from None
-    if fmt == "txt":
-        lines = (line.strip() for line in text.splitlines())
-        return [{"value": line} for line in lines if line and not line.startswith("#")]
-    # Strict: an unclosed quote would otherwise swallow the records after it without a word.
-    reader = csv.DictReader(io.StringIO(text), strict=True)
-    try:
-        records = list(reader)
-    except csv.Error as exc:
-        raise BadInputError(f"malformed csv list {spec.path}: {exc}") from None
-    return records
+            if fmt == "txt":
+                lines = (line.strip() for line in text)
+                yield from _chunks({"value": line} for line in lines if line and not line.startswith("#"))
+                return
+            # Strict: an unclosed quote would otherwise swallow the records after it without a word.
+            yield from _chunks(csv.DictReader(text, strict=True))
+        except UnicodeDecodeError as exc:
+            raise BadInputError(f"list {spec.path} is not UTF-8: {exc}") from None
+        except csv.Error as exc:
+            raise BadInputError(f"malformed csv list {spec.path}: {exc}") from None
 
 
-def _list_rows(spec: ListSource) -> list[dict | BadRecord]:
-    records = _read_list(spec)
-    if records and spec.file_format != "txt":
-        wanted = [c for c in (spec.id_column if spec.url_template else spec.url_column,
-                              spec.start_column, spec.end_column, spec.caption_column) if c]
-        missing = [c for c in wanted if c not in records[0]]
-        if missing:
-            raise BadInputError(f"list {spec.path} has no column(s) {', '.join(missing)}; "
-                                f"columns: {', '.join(records[0])}")
-    rows: list[dict | BadRecord] = []
-    for number, record in enumerate(records, start=1):
-        item, where = f"list:{spec.path}#{number}", f"list {spec.path}: record {number}"
-        if spec.file_format == "txt":
-            value = record["value"]
-            url = spec.url_template.format(id=value) if spec.url_template else value
-        elif spec.url_template:
-            ident = _text(record[spec.id_column])
-            if not ident:
-                rows.append(BadRecord(item, f"{where} has no {spec.id_column}"))
-                continue
-            url = spec.url_template.format(id=ident)
-        else:
-            url = _text(record[spec.url_column])
-        if not url:
-            rows.append(BadRecord(item, f"{where} has no {spec.url_column}"))
-            continue
-        if _CONTROL.search(url):
-            rows.append(BadRecord(item, f"{where}: {url[:100]!r} is not a URL (control characters)"))
-            continue
-        start = _number(record.get(spec.start_column)) if spec.start_column else None
-        end = _number(record.get(spec.end_column)) if spec.end_column else None
-        if start is not None and end is not None and end <= start:
-            log.warning("list %s: record %d has end <= start; span ignored", spec.path, number)
-            start = end = None
-        caption = record.get(spec.caption_column) if spec.caption_column else None
-        rows.append(row_from_url(url, "list", spec.path, start_s=start, end_s=end,
-                                 caption=str(caption) if caption is not None else None))
-    return rows
+def _chunks(records: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    chunk: list[dict[str, Any]] = []
+    for record in records:
+        chunk.append(record)
+        if len(chunk) >= LIST_CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _list_rows(spec: ListSource) -> Iterator[dict | BadRecord]:
+    number = 0
+    for records in _list_records(spec):
+        if number == 0 and records and spec.file_format != "txt":
+            wanted = [c for c in (spec.id_column if spec.url_template else spec.url_column,
+                                  spec.start_column, spec.end_column, spec.caption_column) if c]
+            missing = [c for c in wanted if c not in records[0]]
+            if missing:
+                raise BadInputError(f"list {spec.path} has no column(s) {', '.join(missing)}; "
+                                    f"columns: {', '.join(records[0])}")
+        for record in records:
+            number += 1
+            yield _list_row(spec, record, number)
+
+
+def _list_row(spec: ListSource, record: dict[str, Any], number: int) -> dict | BadRecord:
+    item, where = f"list:{spec.path}#{number}", f"list {spec.path}: record {number}"
+    if spec.file_format == "txt":
+        value = record["value"]
+        url = spec.url_template.format(id=value) if spec.url_template else value
+    elif spec.url_template:
+        ident = _text(record[spec.id_column])
+        if not ident:
+            return BadRecord(item, f"{where} has no {spec.id_column}")
+        url = spec.url_template.format(id=ident)
+    else:
+        url = _text(record[spec.url_column])
+    if not url:
+        return BadRecord(item, f"{where} has no {spec.url_column}")
+    if _CONTROL.search(url):
+        return BadRecord(item, f"{where}: {url[:100]!r} is not a URL (control characters)")
+    start = _number(record.get(spec.start_column)) if spec.start_column else None
+    end = _number(record.get(spec.end_column)) if spec.end_column else None
+    if start is not None and end is not None and end <= start:
+        log.warning("list %s: record %d has end <= start; span ignored", spec.path, number)
+        start = end = None
+    caption = record.get(spec.caption_column) if spec.caption_column else None
+    return row_from_url(url, "list", spec.path, start_s=start, end_s=end,
+                        caption=str(caption) if caption is not None else None)
 
 
 def _folder_rows(spec: FolderSource) -> list[dict]:
@@ -283,9 +309,9 @@ def _folder_rows(spec: FolderSource) -> list[dict]:
     return rows
 
 
-def list_query(query: Query, cfg: Config) -> list[dict[str, Any] | BadRecord]:
+def list_query(query: Query, cfg: Config) -> Iterable[dict[str, Any] | BadRecord]:
     """The videos rows one query yields (before dedup, scheme checks and filters), and the
-    records of a list that name no video."""
+    records of a list that name no video; lists and folders are read as they are consumed."""
     spec = query.source
     match spec:
         case SearchSource():
@@ -350,83 +376,184 @@ class DiscoverReport:
     dropped: dict[str, int] | None = None
     known_before: int = 0
     added: int = 0
+    partitions: int = 0
     per_query: dict[str, int] | None = None
 
 
+# Rows found, in the order found, spilled to local scratch space before dedup: a list of a
+# million videos is never held as Python objects.
+_SPILL_ROWS = 50_000
+_ORDER, _PARTITION = "_order", "_partition"
+ERROR_CHUNK = 10_000
+
+
+class _Spill:
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.rows: list[dict[str, Any]] = []
+        self.files: list[str] = []
+        self.count = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row | {_ORDER: self.count})
+        self.count += 1
+        if len(self.rows) >= _SPILL_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            path = os.path.join(self.directory, f"{len(self.files):06d}.parquet")
+            pq.write_table(pa.Table.from_pylist(self.rows, schema=_SPILL_SCHEMA), path)
+            self.files.append(path)
+            self.rows = []
+
+    def distinct_videos(self) -> int:
+        if not self.files:
+            return 0
+        ids = ds.dataset(self.files).to_table(columns=["video_id"]).column("video_id")
+        return pc.count_distinct(ids).as_py()
+
+    def by_partition(self, partitions: int) -> ds.Dataset:
+        """The spilled rows with their partition, each file sorted by it (so that reading one
+        partition skips the rest of every file)."""
+        for path in self.files:
+            table = pq.read_table(path)
+            index = [partition_index(v, partitions) for v in table.column("video_id").to_pylist()]
+            table = table.append_column(_PARTITION, pa.array(index, pa.int32()))
+            pq.write_table(table.sort_by([(_PARTITION, "ascending"), (_ORDER, "ascending")]),
+                           path, row_group_size=2048)
+        return ds.dataset(self.files)
+
+
+_SPILL_SCHEMA = VIDEOS.remove_metadata().remove(VIDEOS.get_field_index("discovered_at")).append(
+    pa.field(_ORDER, pa.int64()))
+
+
+class _Errors:
+    """Error rows of discover, committed in chunks to the ``corpus`` partition under names
+    derived from their items, so a rerun that finds the same problems replaces them."""
+
+    def __init__(self, corpus: Corpus, now: datetime) -> None:
+        self.corpus, self.now = corpus, now
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, item: str, kind: ErrorKind, message: str, attempt: int = 1) -> None:
+        self.rows.append(error_row("discover", item, kind, message, attempt, self.now))
+        if len(self.rows) >= ERROR_CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            name = f"discover-{batch_name([r['item_id'] for r in self.rows])}"
+            self.corpus.write_batch("errors", self.rows, name, CORPUS)
+            self.rows = []
+
+
+def _rows(query: Query, cfg: Config, retry: RetryPolicy) -> tuple[Iterable | None, Exception | None, int]:
+    """A query's rows: searches and playlists listed now, with retries; lists and folders as
+    they are read."""
+    if query.kind in ("search", "playlist"):
+        result, exc, tries = retrying(lambda: list(list_query(query, cfg)), retry)
+        return result, exc, tries
+    return list_query(query, cfg), None, 1
+
+
 def discover(ctx: StageContext) -> DiscoverReport:
-    """Run every query, dedup, filter, and append the new videos in atomic batches."""
+    """Run every query, dedup, filter, and append the new videos, partition by partition, in
+    atomic batches. Fixes the corpus's partition count at its first build."""
     cfg: Config = ctx.config
     corpus = ctx.corpus
-    corpus.sweep_temporary("videos")
     todo = queries(cfg)
     log.info("discover: %d queries: %s", len(todo), "; ".join(q.key for q in todo[:50])
              + (" ..." if len(todo) > 50 else ""))
     report = DiscoverReport(queries=len(todo), dropped={}, per_query={})
     now = datetime.now(UTC)
-    error_rows: list[dict[str, Any]] = []
-
-    def run(query: Query) -> tuple[Query, list[dict] | None, Exception | None, int]:
-        result, exc, tries = retrying(lambda: list_query(query, cfg), ctx.retry)
-        return query, result, exc, tries
-
-    found: dict[str, dict[str, Any]] = {}
-    drops: Counter = Counter()
-    with ThreadPoolExecutor(max_workers=cfg.download.concurrency) as pool:
-        results = track(pool.map(run, todo), "discover", total=len(todo))
-        for query, rows, exc, tries in results:
-            if exc is not None:
-                kind, message = classify(exc)
-                report.failed_queries += 1
-                error_rows.append(_error(query.key, kind, message, tries, now))
-                continue
-            report.per_query[query.key] = sum(1 for row in rows if isinstance(row, dict))
-            for row in rows:
-                if isinstance(row, BadRecord):
-                    report.refused += 1
-                    error_rows.append(_error(row.item_id, ErrorKind.BAD_INPUT, row.message, 1, now))
-                    continue
-                report.found += 1
-                problem = scheme_problem(row["url"], cfg.download.allowed_schemes, row["source"])
-                if problem:
-                    report.refused += 1
-                    error_rows.append(_error(row["url"], ErrorKind.BAD_INPUT, problem, 1, now))
-                    continue
-                if row["video_id"] in found:
-                    first = found[row["video_id"]]
-                    if row["source"] == "folder" and first["url"] != row["url"]:
-                        # Two files, not one video found twice: neither may vanish silently.
-                        report.refused += 1
-                        error_rows.append(_error(
-                            row["url"], ErrorKind.BAD_INPUT,
-                            f"{row['url']} gets the same video id {row['video_id']!r} as "
-                            f"{first['url']}; rename one of them", 1, now))
-                        continue
-                    report.duplicates += 1
-                    continue
-                reason = drop_reason(row, cfg.filters)
-                if reason:
-                    drops[reason] += 1
-                    continue
-                found[row["video_id"]] = row | {"discovered_at": now}
-    report.dropped = dict(drops)
-    known = set(corpus.done("videos"))
-    report.known_before = len(known & set(found))
-    new = sorted(set(found) - known)
-    size = cfg.execution.batch_size * 64  # videos rows are small: fewer, larger files
-    for i in range(0, len(new), size):
-        keys = new[i : i + size]
-        corpus.write_batch("videos", [found[k] for k in keys], f"discover-{batch_name(keys)}",
-                           done={k: 1 for k in keys})
-    report.added = len(new)
-    if error_rows:
-        corpus.write_batch("errors", error_rows,
-                           f"discover-{batch_name([r['item_id'] for r in error_rows])}")
-    log.info("discover: %d found, %d duplicates, %d refused, %d dropped %s, %d new",
-             report.found, report.duplicates, report.refused, sum(drops.values()),
-             dict(drops), report.added)
+    errors = _Errors(corpus, now)
+    with tempfile.TemporaryDirectory(prefix="vlcorpus-discover-") as scratch:
+        spill = _Spill(scratch)
+        with ThreadPoolExecutor(max_workers=cfg.download.concurrency) as pool:
+            listed = pool.map(lambda q: (q, *_rows(q, cfg, ctx.retry)), todo)
+            for query, rows, exc, tries in track(listed, "discover", total=len(todo)):
+                report.per_query[query.key] = 0
+                try:
+                    if exc is not None:
+                        raise exc
+                    for row in rows:
+                        _check(row, query, cfg, report, errors, spill)
+                except Exception as failure:  # noqa: BLE001 - the query's errors row
+                    kind, message = classify(failure)
+                    report.failed_queries += 1
+                    errors.add(query.key, kind, message, tries)
+        spill.flush()
+        _commit(corpus, cfg, spill, report, errors, now)
+    errors.flush()
+    log.info("discover: %d found, %d duplicates, %d refused, %d dropped %s, %d new in %d partitions",
+             report.found, report.duplicates, report.refused, sum(report.dropped.values()),
+             report.dropped, report.added, report.partitions)
     return report
 
 
-def _error(item: str, kind: ErrorKind, message: str, attempt: int, now: datetime) -> dict:
-    return {"stage": "discover", "item_id": item, "kind": kind.value, "message": message,
-            "attempt": attempt, "time": now}
+def _check(row: dict | BadRecord, query: Query, cfg: Config, report: DiscoverReport,
+           errors: _Errors, spill: _Spill) -> None:
+    if isinstance(row, BadRecord):
+        report.refused += 1
+        errors.add(row.item_id, ErrorKind.BAD_INPUT, row.message)
+        return
+    report.per_query[query.key] += 1
+    report.found += 1
+    problem = scheme_problem(row["url"], cfg.download.allowed_schemes, row["source"])
+    if problem:
+        report.refused += 1
+        errors.add(row["url"], ErrorKind.BAD_INPUT, problem)
+        return
+    spill.add(row)
+
+
+def _commit(corpus: Corpus, cfg: Config, spill: _Spill, report: DiscoverReport,
+            errors: _Errors, now: datetime) -> None:
+    """Dedup (the first found wins), filter and write the new videos, partition by partition."""
+    found = spill.distinct_videos()
+    requested = cfg.execution.partitions or corpus.recorded_partitions()
+    if requested is None and not found:
+        report.dropped = {}
+        return  # nothing yet to size the partitions by
+    count = corpus.init_partitions(requested or partitions.choose(found))
+    report.partitions = count
+    spilled = spill.by_partition(count)
+    drops: Counter = Counter()
+    for index in range(count):
+        rows = spilled.to_table(filter=ds.field(_PARTITION) == index).sort_by(_ORDER)
+        if not rows.num_rows:
+            continue
+        label = partitions.label(index)
+        known = set(corpus.done_keys("videos", label).to_pylist())
+        new: dict[str, dict[str, Any]] = {}
+        first: dict[str, dict[str, Any]] = {}
+        for row in rows.drop_columns([_ORDER, _PARTITION]).to_pylist():
+            vid = row["video_id"]
+            if vid in first:
+                if row["source"] == "folder" and first[vid]["url"] != row["url"]:
+                    # Two files, not one video found twice: neither may vanish silently.
+                    report.refused += 1
+                    errors.add(row["url"], ErrorKind.BAD_INPUT,
+                               f"{row['url']} gets the same video id {vid!r} as "
+                               f"{first[vid]['url']}; rename one of them")
+                    continue
+                report.duplicates += 1
+                continue
+            reason = drop_reason(row, cfg.filters)
+            if reason:
+                drops[reason] += 1
+                continue
+            first[vid] = row
+            if vid in known:
+                report.known_before += 1
+            else:
+                new[vid] = row | {"discovered_at": now}
+        if new:
+            keys = sorted(new)
+            corpus.write_batch("videos", [new[k] for k in keys], f"discover-{batch_name(keys)}",
+                               label, done=keys)
+            corpus.compact("videos", label)
+            report.added += len(keys)
+    report.dropped = dict(drops)

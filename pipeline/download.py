@@ -26,7 +26,8 @@ from pipeline.discover import scheme_problem
 from pipeline.errors import BadInputError, PermanentError
 from pipeline.limits import slot
 from pipeline.media import check_video
-from pipeline.runner import Item, Outcome, Stage, StageContext, input_items, per_item
+from pipeline.retention import needed_again
+from pipeline.runner import Item, Outcome, Stage, StageContext, per_item, table_inputs
 from pipeline.storage import Corpus
 from pipeline.ytdlp import base_options, extract
 
@@ -222,9 +223,5 @@ def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
         return [o for outcomes in pool.map(lambda i: one([i], ctx), items) for o in outcomes]
 
 
-STAGE = Stage(
-    name="download",
-    output="downloads",
-    items=lambda ctx: input_items(ctx.corpus, "videos", "video_id"),
-    process=process,
-)
+STAGE = Stage(name="download", output="downloads", inputs=table_inputs("videos"), process=process,
+              redo=needed_again)

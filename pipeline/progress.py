@@ -75,7 +75,7 @@ def track(items: Iterable[T], description: str, total: int | None = None) -> Ite
             progress.advance(task)
 
 
-class Counter:
+class StepProgress:
     """A progress bar advanced by hand (for work that completes in uneven steps)."""
 
     def __init__(self, description: str, total: int) -> None:
@@ -92,7 +92,7 @@ class Counter:
         if self._progress is not None:
             self._progress.stop()
 
-    def __enter__(self) -> Counter:
+    def __enter__(self) -> StepProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:

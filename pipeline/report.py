@@ -20,6 +20,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display: render to memory
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 
 from pipeline.media import FrameRequest, FrameSpec, sample_frames  # noqa: E402
 from pipeline.progress import log  # noqa: E402
@@ -36,70 +38,118 @@ def message_class(message: str) -> str:
     return _VARIABLE.sub("…", message)[:120]
 
 
-def _histogram(values: list[float], bins: list[float]) -> dict[str, Any]:
-    counts, edges = np.histogram(values, bins=bins) if values else (np.zeros(len(bins) - 1), bins)
-    return {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}
+class Distribution:
+    """A value distribution accumulated partition by partition: counts on a fine grid (for
+    percentiles to within ``step``), the exact minimum and maximum, and a coarse histogram."""
+
+    def __init__(self, bins: list[float], step: float, top: float) -> None:
+        self.bins = bins
+        self.step = step
+        self.fine = np.zeros(int(top / step) + 2, dtype=np.int64)
+        self.coarse = np.zeros(len(bins) - 1, dtype=np.int64)
+        self.low, self.high = np.inf, -np.inf
+
+    def add(self, values: np.ndarray) -> None:
+        if not len(values):
+            return
+        self.low, self.high = min(self.low, values.min()), max(self.high, values.max())
+        index = np.clip((values / self.step).astype(np.int64), 0, len(self.fine) - 1)
+        self.fine += np.bincount(index, minlength=len(self.fine))
+        self.coarse += np.histogram(values, bins=self.bins)[0]
+
+    def summary(self) -> dict[str, Any]:
+        total = int(self.fine.sum())
+        out: dict[str, Any] = {}
+        if total:
+            cumulative = np.cumsum(self.fine)
+            at = {q: float(np.searchsorted(cumulative, q * total, side="left") * self.step)
+                  for q in (0.5, 0.9)}
+            out = {"min": float(self.low), "median": at[0.5], "p90": at[0.9], "max": float(self.high)}
+        return {**out, "histogram": {"edges": [float(e) for e in self.bins],
+                                     "counts": [int(c) for c in self.coarse]}}
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    p = np.percentile(values, [0, 50, 90, 100])
-    return {"min": float(p[0]), "median": float(p[1]), "p90": float(p[2]), "max": float(p[3])}
-
-
-def _column(corpus: Corpus, table: str, columns: list[str]) -> list[dict[str, Any]]:
-    return corpus.read(table, columns=columns).to_pylist() if table in corpus.tables() else []
+def _read(corpus: Corpus, table: str, columns: list[str], partition: str) -> pa.Table:
+    return corpus.read(table, columns=columns, partition=partition)
 
 
 def compute_stats(corpus: Corpus) -> dict[str, Any]:
+    """The report's numbers, read partition by partition with Arrow (never a whole table)."""
     summary = summarize(corpus)
     tables = summary["tables"]
-    videos = _column(corpus, "videos", ["video_id", "source", "query"])
-    downloads = _column(corpus, "downloads", ["video_id", "duration_s", "subtitles"])
-    segments = _column(corpus, "segments", ["video_id", "words"])
-    clips = _column(corpus, "clips", ["video_id", "start_s", "end_s"])
-    errors = _column(corpus, "errors", ["stage", "kind", "message", "item_id"])
-
+    present = set(tables)
+    counts = Counter()
+    by_class: Counter = Counter()
+    per_query: dict[str, dict[str, int]] = {}
+    durations = Distribution([0, 1, 2, 3, 4, 5, 6, 8, 12], step=0.01, top=600)
+    words = Distribution([0, 3, 5, 8, 12, 16, 24, 32, 64], step=1, top=10_000)
+    media_s = 0.0
+    for partition in corpus.labels():
+        videos = _read(corpus, "videos", ["video_id", "source", "query"], partition) \
+            if "videos" in present else pa.table({"video_id": pa.array([], pa.string())})
+        downloads = _read(corpus, "downloads", ["video_id", "duration_s", "subtitles"], partition) \
+            if "downloads" in present else None
+        segments = _read(corpus, "segments", ["video_id", "words"], partition) \
+            if "segments" in present else None
+        clips = _read(corpus, "clips", ["video_id", "start_s", "end_s"], partition) \
+            if "clips" in present else None
+        counts["videos"] += videos.num_rows
+        if downloads is not None:
+            counts["downloads"] += downloads.num_rows
+            media_s += pc.sum(downloads.column("duration_s")).as_py() or 0.0
+        if segments is not None:
+            counts["sentences"] += segments.num_rows
+            counts["segment_videos"] += len(corpus.done_keys("segments", partition))
+            counts["aligned_videos"] += len(pc.unique(segments.column("video_id")))
+            lengths = pc.fill_null(pc.list_value_length(segments.column("words")), 0)
+            words.add(lengths.to_numpy(zero_copy_only=False).astype(np.float64))
+        if clips is not None:
+            counts["clips"] += clips.num_rows
+            durations.add(pc.subtract(clips.column("end_s"), clips.column("start_s"))
+                          .to_numpy(zero_copy_only=False))
+        _per_query(per_query, videos, downloads, clips)
+    for partition in corpus.partitions_of("errors") if "errors" in present else []:
+        errors = _read(corpus, "errors", ["stage", "message"], partition)
+        by_class.update(f"{e['stage']}: {message_class(e['message'])}" for e in errors.to_pylist())
     stages = {
-        "discover": {"out": len(videos)},
-        "download": {"in": len(videos), "out": len(downloads)},
-        "transcribe": {"in": len(downloads), "out": len(corpus.done("segments")),
-                       "sentences": len(segments)},
-        "align": {"in": len({s["video_id"] for s in segments}), "out": len(clips)},
+        "discover": {"out": counts["videos"]},
+        "download": {"in": counts["videos"], "out": counts["downloads"]},
+        "transcribe": {"in": counts["downloads"], "out": counts["segment_videos"],
+                       "sentences": counts["sentences"]},
+        "align": {"in": counts["aligned_videos"], "out": counts["clips"]},
     }
     for table in tables:
         if table.startswith("features/"):
-            stages[f"featurize:{table.split('/', 1)[1]}"] = {"in": len(clips), "out": tables[table]}
-    by_class: Counter = Counter(f"{e['stage']}: {message_class(e['message'])}" for e in errors)
-    per_query: dict[str, dict[str, int]] = {}
-    downloaded = {d["video_id"]: d for d in downloads}
-    clip_videos = Counter(c["video_id"] for c in clips)
-    for video in videos:
-        label = f"{video['source']}: {video['query'] or '(list)'}"
-        row = per_query.setdefault(label, {"videos": 0, "downloaded": 0, "with_subtitles": 0,
-                                           "clips": 0})
-        row["videos"] += 1
-        got = downloaded.get(video["video_id"])
-        if got:
-            row["downloaded"] += 1
-            row["with_subtitles"] += bool(got["subtitles"])
-        row["clips"] += clip_videos.get(video["video_id"], 0)
-    durations = [c["end_s"] - c["start_s"] for c in clips]
-    words = [len(s["words"] or []) for s in segments]
+            stages[f"featurize:{table.split('/', 1)[1]}"] = {"in": counts["clips"], "out": tables[table]}
     return {
         "root": corpus.url,
         "tables": tables,
         "stages": stages,
         "errors": {"by_kind": summary["errors"], "by_message": dict(by_class.most_common(30))},
-        "drop_reasons": corpus.stats("clips") if "clips" in tables else {},
-        "media_hours": round(sum(d["duration_s"] or 0 for d in downloads) / 3600, 4),
-        "clip_duration_s": {**_percentiles(durations),
-                            "histogram": _histogram(durations, [0, 1, 2, 3, 4, 5, 6, 8, 12])},
-        "words_per_sentence": {**_percentiles(words),
-                               "histogram": _histogram(words, [0, 3, 5, 8, 12, 16, 24, 32, 64])},
-        "per_source": per_query,
+        "drop_reasons": corpus.stats("clips") if "clips" in present else {},
+        "media_hours": round(media_s / 3600, 4),
+        "clip_duration_s": durations.summary(),
+        "words_per_sentence": words.summary(),
+        "per_source": dict(sorted(per_query.items())),
     }
+
+
+def _per_query(out: dict[str, dict[str, int]], videos: pa.Table, downloads: pa.Table | None,
+               clips: pa.Table | None) -> None:
+    """Add one partition's yield per source and query: videos, downloaded, with subtitles, clips."""
+    if not videos.num_rows:
+        return
+    got = set() if downloads is None else set(downloads.column("video_id").to_pylist())
+    subtitled = set() if downloads is None else {
+        d["video_id"] for d in downloads.select(["video_id", "subtitles"]).to_pylist() if d["subtitles"]}
+    per_video = Counter() if clips is None else Counter(clips.column("video_id").to_pylist())
+    for video in videos.to_pylist():
+        label = f"{video['source']}: {video['query'] or '(list)'}"
+        row = out.setdefault(label, {"videos": 0, "downloaded": 0, "with_subtitles": 0, "clips": 0})
+        row["videos"] += 1
+        row["downloaded"] += video["video_id"] in got
+        row["with_subtitles"] += video["video_id"] in subtitled
+        row["clips"] += per_video.get(video["video_id"], 0)
 
 
 def _png(figure: plt.Figure) -> str:
@@ -132,29 +182,43 @@ def _hist_plot(title: str, hist: dict[str, Any], unit: str) -> str | None:
     return _png(figure)
 
 
-def _thumbnails(corpus: Corpus, limit: int) -> list[dict[str, Any]]:
-    """Middle frames of a few clips (evenly over the corpus), with their sentence."""
-    if "clips" not in corpus.tables():
+def _sample_clips(corpus: Corpus, limit: int) -> list[dict[str, Any]]:
+    """A few clips spread over the corpus: the middle clip of the first ``limit`` partitions
+    that have clips (more from each when there are fewer partitions)."""
+    labels = [p for p in corpus.partitions_of("clips")]
+    if not labels:
         return []
-    clips = sorted(corpus.read("clips", columns=["clip_id", "video_id", "start_s", "end_s",
-                                                 "text", "source"]).to_pylist(),
-                   key=lambda c: c["clip_id"])
-    step = max(1, len(clips) // limit)
-    chosen = clips[::step][:limit]
-    media = {d["video_id"]: d["media_path"] for d in _column(corpus, "downloads",
-                                                              ["video_id", "media_path"])}
-    titles = {v["video_id"]: v["title"] for v in _column(corpus, "videos", ["video_id", "title"])}
+    per_partition = max(1, -(-limit // len(labels)))
+    chosen: list[dict[str, Any]] = []
+    columns = ["clip_id", "video_id", "start_s", "end_s", "text", "source"]
+    for partition in labels:
+        clips = corpus.read("clips", columns=columns, partition=partition).sort_by("clip_id")
+        step = max(1, clips.num_rows // per_partition)
+        chosen += clips.take(list(range(step // 2, clips.num_rows, step))[:per_partition]).to_pylist()
+        if len(chosen) >= limit:
+            break
+    return chosen[:limit]
+
+
+def _thumbnails(corpus: Corpus, limit: int) -> list[dict[str, Any]]:
+    """Middle frames of a few clips (spread over the corpus), with their sentence."""
+    chosen = _sample_clips(corpus, limit)
     by_video: dict[str, list[dict[str, Any]]] = {}
     for clip in chosen:
         by_video.setdefault(clip["video_id"], []).append(clip)
     cards = []
     for video, group in by_video.items():
+        partition = corpus.partition_of(video)
+        download = corpus.read("downloads", columns=["media_path", "released_at"],
+                               filter=pc.field("video_id") == video, partition=partition).to_pylist()
+        title = corpus.read("videos", columns=["title"], filter=pc.field("video_id") == video,
+                            partition=partition).to_pylist()
         requests = [FrameRequest(c["clip_id"], c["start_s"], c["end_s"],
                                  FrameSpec(frames=1, short_side=128, crop=None)) for c in group]
         frames: dict[str, Any] = {}
-        if video in media:
+        if download and download[0]["media_path"] and download[0]["released_at"] is None:
             try:
-                with corpus.local_file(media[video]) as path:
+                with corpus.local_file(download[0]["media_path"]) as path:
                     frames = dict(sample_frames(path, requests))
             except OSError as exc:  # media moved or deleted since: the card shows no frame
                 log.warning("report: no thumbnails for %s: %s", video, exc)
@@ -165,7 +229,7 @@ def _thumbnails(corpus: Corpus, limit: int) -> list[dict[str, Any]]:
                 buffer = io.BytesIO()
                 plt.imsave(buffer, image[0], format="png")
                 uri = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-            cards.append({**clip, "title": titles.get(video), "image": uri})
+            cards.append({**clip, "title": title[0]["title"] if title else None, "image": uri})
     return cards
 
 

@@ -1,27 +1,38 @@
-"""The stage runner of DESIGN.md: todo = input keys − done keys − permanent failures.
+"""The stage runner of DESIGN.md: per partition, todo = input keys − done keys − final failures.
 
-A stage says which items exist (``items``) and how to turn a batch of them into rows
-(``process``). The runner skips what earlier runs finished, works on the rest in batches,
-retries transient failures with backoff, and commits each batch atomically under a name
-derived from its keys. Errors are committed before the rows that mark a batch done, so a
-kill between the two loses nothing: the batch is simply redone.
+A stage says which rows one partition gives it (``inputs``: one item per distinct key) and how
+to turn a batch of items into rows (``process``). Planning is Arrow set arithmetic over one
+partition (its inputs, its output's done keys, its errors), so memory follows the partition,
+not the corpus. The runner skips what earlier runs finished, works on the rest in batches,
+retries transient failures with backoff, commits each batch atomically under a name derived
+from its keys, and compacts the partition's small files at the end. Errors are committed
+before the rows that mark a batch done, so a kill between the two loses nothing: the batch is
+simply redone.
+
+Corpus-wide steps (discover, report, train) are a separate kind, ``Step``: one unit over the
+whole corpus, whose failure is an errors row in the ``corpus`` partition like any item's.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, is_dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from pipeline import partitions
 from pipeline.errors import ErrorKind, SetupError, classify
 from pipeline.ids import batch_name
-from pipeline.progress import Counter, log
+from pipeline.progress import StepProgress, log
 from pipeline.storage import Corpus
+
+FINAL_KINDS = (ErrorKind.PERMANENT.value, ErrorKind.BAD_INPUT.value)
 
 
 @dataclass(frozen=True)
@@ -89,17 +100,60 @@ def retrying(fn: Callable[[], T], policy: RetryPolicy) -> tuple[T | None, Except
 
 
 Process = Callable[[Sequence[Item], StageContext], list[Outcome]]
+Inputs = Callable[[StageContext, str], pa.Table]
+
+
+class Sink(Protocol):
+    """Where a stage's results go: a table by default; the shard stage writes shards."""
+
+    def done_keys(self, corpus: Corpus, partition: str) -> pa.Array: ...
+
+    def commit(self, corpus: Corpus, partition: str, name: str, rows: list[dict[str, Any]],
+               done: list[str], stats: dict[str, dict[str, int]], replace: bool) -> None: ...
+
+    def finish(self, corpus: Corpus, partition: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class TableSink:
+    table: str
+
+    def done_keys(self, corpus: Corpus, partition: str) -> pa.Array:
+        return corpus.done_keys(self.table, partition)
+
+    def commit(self, corpus: Corpus, partition: str, name: str, rows: list[dict[str, Any]],
+               done: list[str], stats: dict[str, dict[str, int]], replace: bool) -> None:
+        if replace:
+            corpus.replace_rows(self.table, partition, rows, done)
+        else:
+            corpus.write_batch(self.table, rows, name, partition, done=done, stats=stats)
+
+    def finish(self, corpus: Corpus, partition: str) -> None:
+        corpus.compact(self.table, partition)
 
 
 @dataclass(frozen=True)
 class Stage:
-    """A stage: ``items`` lists every item it should cover, ``process`` handles a batch."""
+    """A per-partition stage. ``inputs`` gives one partition's input rows, one item per
+    distinct ``key`` (``info`` columns go to ``Item.info`` from the item's first row);
+    ``process`` handles a batch of items."""
 
     name: str
     output: str
-    items: Callable[[StageContext], Iterable[Item]]
+    inputs: Inputs
     process: Process
+    key: str = "video_id"
+    info: tuple[str, ...] = ()
     batch_size: int | None = None  # items per committed batch; None: execution.batch_size
+    order: tuple[str, ...] = ()  # columns the work is ordered by before the key
+    group: str | None = None  # no batch mixes two values of this column (shards: the split)
+    # Keys done before that must be done again (a download whose media was dropped).
+    redo: Inputs | None = None
+    sink: Sink | None = None  # None: the ``output`` table
+
+    @property
+    def target(self) -> Sink:
+        return self.sink or TableSink(self.output)
 
 
 ItemFn = Callable[[Item, StageContext], "list[dict[str, Any]] | Outcome"]
@@ -148,59 +202,115 @@ class StageReport(BatchReport):
     total: int = 0
     skipped_done: int = 0
     skipped_failed: int = 0
+    todo: int = 0
+
+    def merge(self, other: StageReport) -> None:
+        self.add(other)
+        self.total += other.total
+        self.skipped_done += other.skipped_done
+        self.skipped_failed += other.skipped_failed
+        self.todo += other.todo
 
 
-def input_items(corpus: Corpus, table: str, key: str) -> list[Item]:
-    """Items grouped by ``key`` from an upstream table, each with all of its rows."""
-    data = corpus.read(table).sort_by([(key, "ascending")])
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for row in data.to_pylist():
-        groups.setdefault(row[key], []).append(row)
-    return [Item(k, tuple(rows)) for k, rows in groups.items()]
+def table_inputs(table: str, columns: list[str] | None = None) -> Inputs:
+    """Inputs that are one upstream table's rows in the partition."""
+    return lambda ctx, partition: ctx.corpus.read(table, columns=columns, partition=partition)
 
 
-def failures(corpus: Corpus, stage: str) -> tuple[set[str], Tally]:
-    """Keys that failed for good in ``stage``, and how many attempts each key has had."""
-    errors = corpus.read(
-        "errors", columns=["item_id", "kind", "attempt"], filter=ds.field("stage") == stage
-    )
-    final = {ErrorKind.PERMANENT.value, ErrorKind.BAD_INPUT.value}
-    failed: set[str] = set()
-    attempts: Tally = Tally()
-    for row in errors.to_pylist():
-        attempts[row["item_id"]] = max(attempts[row["item_id"]], row["attempt"])
-        if row["kind"] in final:
-            failed.add(row["item_id"])
-    return failed, attempts
+def attach(rows: pa.Table, other: pa.Table, key: str) -> pa.Table:
+    """``rows`` with the other columns of ``other`` (one row per ``key``) looked up by ``key``;
+    null where ``other`` has none. (Arrow's hash join refuses list columns such as words.)"""
+    where = pc.index_in(rows.column(key), value_set=other.column(key))
+    for name in other.column_names:
+        if name != key:
+            rows = rows.append_column(pa.field(name, other.schema.field(name).type), other.column(name).take(where))
+    return rows
 
 
-def plan(
-    stage: Stage, ctx: StageContext, batch_size: int, retry_failed: bool = False
-) -> tuple[list[list[Item]], StageReport]:
-    """Batches of what is left to do, in key order so that reruns batch alike."""
+def failures(corpus: Corpus, stage: str, partition: str) -> tuple[pa.Array, dict[str, int]]:
+    """Keys of one partition that failed for good in ``stage``, and the attempts of every key
+    that failed at all."""
+    errors = corpus.read("errors", columns=["item_id", "kind", "attempt"],
+                         filter=ds.field("stage") == stage, partition=partition)
+    final = errors.filter(pc.is_in(errors.column("kind"), pa.array(FINAL_KINDS)))
+    attempts = errors.group_by("item_id").aggregate([("attempt", "max")])
+    return (pc.unique(final.column("item_id")),
+            dict(zip(attempts.column("item_id").to_pylist(), attempts.column("attempt_max").to_pylist())))
+
+
+@dataclass
+class PartitionPlan:
+    """What is left of a stage in one partition: its todo rows in work order."""
+
+    stage: Stage
+    partition: str
+    rows: pa.Table  # input rows of the todo keys, sorted by (group, order, key)
+    keys: list[str]  # todo keys in that order
+    attempts: dict[str, int]
+    redo: set[str]
+    report: StageReport
+
+    def batches(self, size: int) -> Iterator[list[Item]]:
+        """Items in batches of ``size`` keys; a batch never mixes two values of ``group``."""
+        keys = self.rows.column(self.stage.key).to_pylist()
+        groups = (self.rows.column(self.stage.group).to_pylist() if self.stage.group
+                  else [None] * len(keys))
+        # Row index where each key's rows start (rows are sorted, so a key's rows are adjacent).
+        starts = [i for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1]] + [len(keys)]
+        first = 0
+        while first < len(starts) - 1:
+            last = first + 1
+            while (last < len(starts) - 1 and last - first < size
+                   and groups[starts[last]] == groups[starts[first]]):
+                last += 1
+            yield self._items(self.rows.slice(starts[first], starts[last] - starts[first]))
+            first = last
+
+    def _items(self, rows: pa.Table) -> list[Item]:
+        grouped: dict[str, list[dict[str, Any]]] = {}
+        for row in rows.to_pylist():
+            grouped.setdefault(row[self.stage.key], []).append(row)
+        items = []
+        for key, group in grouped.items():
+            info = {name: group[0].pop(name) for name in self.stage.info}
+            for row in group[1:]:
+                for name in self.stage.info:
+                    row.pop(name)
+            items.append(Item(key, tuple(group), self.attempts.get(key, 0), info))
+        return items
+
+
+def plan_partition(stage: Stage, ctx: StageContext, partition: str,
+                   retry_failed: bool = False) -> PartitionPlan:
+    """The partition's todo: input keys − done − final failures (+ keys to redo), sorted."""
     corpus = ctx.corpus
-    corpus.sweep_temporary(stage.output)
-    corpus.sweep_temporary("errors")
-    done = corpus.done(stage.output)
-    failed, attempts = failures(corpus, stage.name)
+    if stage.sink is None:
+        corpus.sweep(stage.output, partition)
+    corpus.sweep("errors", partition)
+    inputs = stage.inputs(ctx, partition)
+    keys = pc.unique(inputs.column(stage.key))
+    done = stage.target.done_keys(corpus, partition)
+    final, attempts = failures(corpus, stage.name, partition)
     if retry_failed:
-        failed = set()
-    report = StageReport(stage.name)
-    todo: dict[str, Item] = {}
-    for item in stage.items(ctx):
-        report.total += 1
-        if item.key in done:
-            report.skipped_done += 1
-        elif item.key in failed:
-            report.skipped_failed += 1
-        elif item.key not in todo:
-            todo[item.key] = replace(item, attempts_before=attempts[item.key])
-    ordered = [todo[k] for k in sorted(todo)]
-    batches = [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
-    return batches, report
+        final = pa.array([], pa.string())
+    redo = (pc.is_in(keys, stage.redo(ctx, partition)) if stage.redo
+            else pa.array([False] * len(keys), pa.bool_()))
+    is_done = pc.and_(pc.is_in(keys, done), pc.invert(redo))
+    is_failed = pc.and_(pc.invert(is_done), pc.is_in(keys, final))
+    todo = pc.filter(keys, pc.invert(pc.or_(is_done, is_failed)))
+    report = StageReport(stage.name, total=len(keys), skipped_done=pc.sum(is_done).as_py() or 0,
+                         skipped_failed=pc.sum(is_failed).as_py() or 0, todo=len(todo))
+    rows = inputs.filter(pc.is_in(inputs.column(stage.key), todo))
+    order = ([stage.group] if stage.group else []) + list(stage.order) + [stage.key]
+    rows = rows.sort_by([(c, "ascending") for c in order])
+    redo_keys = set(pc.filter(keys, redo).to_pylist())
+    todo_keys = pc.unique(rows.column(stage.key)).to_pylist()
+    return PartitionPlan(stage, partition, rows, todo_keys,
+                         {k: attempts[k] for k in todo_keys if k in attempts}, redo_keys, report)
 
 
-def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext) -> BatchReport:
+def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext, partition: str,
+              redo: set[str] | None = None) -> BatchReport:
     """Process one batch with retries for transient failures, then commit it."""
     pending = list(items)
     settled: dict[str, Outcome] = {}
@@ -215,7 +325,7 @@ def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext) -> BatchRe
         delay = ctx.retry.delay(attempt)
         log.info("%s: retrying %d transient failures in %.1fs", stage.name, len(pending), delay)
         time.sleep(delay)
-    return commit(stage, items, settled, tries, ctx.corpus)
+    return commit(stage, items, settled, tries, ctx.corpus, partition, redo or set())
 
 
 def _process_guarded(stage: Stage, items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
@@ -234,13 +344,14 @@ def _process_guarded(stage: Stage, items: Sequence[Item], ctx: StageContext) -> 
     return outcomes
 
 
-def commit(
-    stage: Stage,
-    items: Sequence[Item],
-    outcomes: dict[str, Outcome],
-    tries: Tally,
-    corpus: Corpus,
-) -> BatchReport:
+def error_row(stage: str, item: str, kind: ErrorKind | str, message: str, attempt: int,
+              now: datetime | None = None) -> dict[str, Any]:
+    return {"stage": stage, "item_id": item, "kind": str(kind), "message": message,
+            "attempt": attempt, "time": now or datetime.now(UTC)}
+
+
+def commit(stage: Stage, items: Sequence[Item], outcomes: dict[str, Outcome], tries: Tally,
+           corpus: Corpus, partition: str, redo: set[str]) -> BatchReport:
     name = f"{stage.name.replace(':', '_')}-{batch_name([i.key for i in items])}"
     now = datetime.now(UTC)
     report = BatchReport(stage.name, items=len(items))
@@ -250,48 +361,73 @@ def commit(
         if outcome.ok:
             continue
         report.errors[outcome.kind.value] = report.errors.get(outcome.kind.value, 0) + 1
-        error_rows.append(
-            {
-                "stage": stage.name,
-                "item_id": item.key,
-                "kind": outcome.kind.value,
-                "message": outcome.message,
-                "attempt": item.attempts_before + tries[item.key],
-                "time": now,
-            }
-        )
+        error_rows.append(error_row(stage.name, item.key, outcome.kind, outcome.message,
+                                    item.attempts_before + tries[item.key], now))
     if error_rows:
-        corpus.write_batch("errors", error_rows, name)
+        corpus.write_batch("errors", error_rows, name, partition)
     rows: list[dict[str, Any]] = []
-    done: dict[str, int] = {}
+    done: list[str] = []
     stats: dict[str, dict[str, int]] = {}
     for item in items:
         outcome = outcomes[item.key]
         if outcome.ok:
             rows.extend(outcome.rows)
-            done[item.key] = len(outcome.rows)
+            done.append(item.key)
             if outcome.stats:
                 stats[item.key] = outcome.stats
     if done:
-        corpus.write_batch(stage.output, rows, name, done=done, stats=stats)
+        stage.target.commit(corpus, partition, name, rows, done, stats,
+                            replace=bool(redo & set(done)))
     report.ok = len(done)
     report.rows = len(rows)
     return report
 
 
-def run_stage(
-    stage: Stage, ctx: StageContext, batch_size: int, retry_failed: bool = False
-) -> StageReport:
-    """Run a stage to completion in this process (flows run the batches on Dask instead)."""
-    batches, report = plan(stage, ctx, batch_size, retry_failed)
-    todo = sum(len(b) for b in batches)
-    log.info(
-        "%s: %d items, %d done before, %d failed before, %d to do",
-        stage.name, report.total, report.skipped_done, report.skipped_failed, todo,
-    )
-    with Counter(stage.name, todo) as bar:
-        for batch in batches:
-            report.add(run_batch(stage, batch, ctx))
+def run_partition(stage: Stage, ctx: StageContext, partition: str, batch_size: int,
+                  retry_failed: bool = False) -> StageReport:
+    """Every batch left of ``stage`` in one partition, then compaction of what it wrote."""
+    plan = plan_partition(stage, ctx, partition, retry_failed)
+    report = plan.report
+    if plan.keys:
+        log.info("%s p%s: %d items, %d done before, %d failed before, %d to do", stage.name,
+                 partition, report.total, report.skipped_done, report.skipped_failed, report.todo)
+    with StepProgress(f"{stage.name} p{partition}", report.todo) as bar:
+        for batch in plan.batches(batch_size):
+            report.add(run_batch(stage, batch, ctx, partition, plan.redo))
             bar.advance(len(batch))
+    stage.target.finish(ctx.corpus, partition)
+    ctx.corpus.compact("errors", partition)
     return report
 
+
+def run_stage(stage: Stage, ctx: StageContext, batch_size: int, retry_failed: bool = False) -> StageReport:
+    """A stage over every partition, one after the other, in this process (flows run the
+    partitions as tasks on Dask instead)."""
+    total = StageReport(stage.name)
+    for partition in ctx.corpus.labels():
+        total.merge(run_partition(stage, ctx, partition, batch_size, retry_failed))
+    return total
+
+
+@dataclass(frozen=True)
+class Step:
+    """A stage that runs as one unit over the whole corpus; returns a JSON-able report."""
+
+    name: str
+    run: Callable[[StageContext], Any]
+
+
+def run_step(step: Step, ctx: StageContext) -> dict[str, Any]:
+    """Run a corpus-wide step; a failure (not of setup) is an errors row of the ``corpus``
+    partition and the report says so, as for any item."""
+    try:
+        result = step.run(ctx)
+    except SetupError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded, the build goes on
+        kind, message = classify(exc)
+        log.error("%s failed (%s): %s", step.name, kind, message)
+        ctx.corpus.write_batch("errors", [error_row(step.name, step.name, kind, message, 1)],
+                               f"{step.name}-{batch_name([message])}", partitions.CORPUS)
+        return {"failed": message}
+    return asdict(result) if is_dataclass(result) else dict(result)

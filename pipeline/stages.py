@@ -1,80 +1,54 @@
-"""The stages of a build, in order, and which of them this version implements.
+"""The implementation of each stage of the graph (pipeline/graph.py), by name.
 
-Most stages are runner stages (items in batches, see runner.py). Some run as one step over
-the whole corpus: discover (its input is the config, and dedup spans all sources).
+Per-partition stages are runner stages (featurize: one per extractor); corpus-wide ones are
+steps. Modules with heavy imports (the report's plotting, the trainer's torch) are imported
+when their step runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
-from pipeline import align, discover, download, featurize, report, shards, transcribe
+from pipeline import align, discover, download, featurize, transcribe
 from pipeline.config import Config
-from pipeline.runner import RetryPolicy, Stage, StageContext
+from pipeline.graph import check_name
+from pipeline.runner import RetryPolicy, Stage, StageContext, Step
+from pipeline.shards.stage import make_stage as shard_stage
 from pipeline.storage import Corpus
 
-ORDER: tuple[str, ...] = (
-    "discover", "download", "transcribe", "align", "featurize", "shard", "report", "train",
-)
+
+def _report(ctx: StageContext) -> dict[str, Any]:
+    from pipeline.report import write_report
+
+    return write_report(ctx)
 
 
-@dataclass(frozen=True)
-class Step:
-    """A stage that runs as one unit over the whole corpus; returns a JSON-able report."""
-
-    name: str
-    run: Callable[[StageContext], Any]
-
-    def __call__(self, ctx: StageContext) -> dict[str, Any]:
-        result = self.run(ctx)
-        return asdict(result) if is_dataclass(result) else dict(result)
-
-
-# Stage name -> factory of what it consists of (featurize: one runner stage per extractor).
-BUILT: dict[str, Callable[[Config], list[Stage | Step]]] = {
-    "discover": lambda cfg: [Step("discover", discover.discover)],
-    "download": lambda cfg: [download.STAGE],
-    "transcribe": lambda cfg: [transcribe.STAGE],
-    "align": lambda cfg: [align.STAGE],
-    "featurize": featurize.stages,
-    "shard": lambda cfg: [Step("shard", shards.write_shards)],
-    "report": lambda cfg: [Step("report", report.write_report)],
-    "train": lambda cfg: [Step("train", _train_step)] if cfg.train is not None else [],
-}
-
-
-def _train_step(ctx: StageContext) -> dict[str, Any]:
-    # Imported when training runs: torch and the trainer are not needed before.
+def _train(ctx: StageContext) -> dict[str, Any]:
     from pipeline.train.run import train_step
 
     return train_step(ctx)
 
 
-class NotBuiltYet(RuntimeError):
-    """A stage this version does not implement yet."""
-
-
-def check_name(name: str) -> str:
-    if name not in ORDER:
-        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(ORDER)}")
-    return name
-
-
-def stages_until(until: str | None) -> list[str]:
-    """Stage names from the first up to and including ``until`` (all when None)."""
-    if until is None:
-        return list(ORDER)
-    return list(ORDER[: ORDER.index(check_name(until)) + 1])
-
-
 def parts(name: str, cfg: Config) -> list[Stage | Step]:
-    try:
-        factory = BUILT[check_name(name)]
-    except KeyError:
-        raise NotBuiltYet(f"stage {name!r} is not built yet in this version") from None
-    return factory(cfg)
+    """What stage ``name`` consists of for this config (no train step without a train section)."""
+    match check_name(name):
+        case "discover":
+            return [Step("discover", discover.discover)]
+        case "download":
+            return [download.STAGE]
+        case "transcribe":
+            return [transcribe.STAGE]
+        case "align":
+            return [align.STAGE]
+        case "featurize":
+            return list(featurize.stages(cfg))
+        case "shard":
+            return [shard_stage(cfg)]
+        case "report":
+            return [Step("report", _report)]
+        case "train":
+            return [Step("train", _train)] if cfg.train is not None else []
+    raise AssertionError(name)
 
 
 def context(corpus: Corpus, cfg: Config) -> StageContext:

@@ -1,14 +1,20 @@
-"""Corpus storage on any fsspec URL: atomic batch commits and tables read as pyarrow datasets.
+"""Corpus storage on any fsspec URL: partitioned tables, atomic commits, compaction.
 
-A table is a directory of Parquet files, one per committed batch. Each file records in its
-footer which item keys it completed and how many rows each produced (the batch manifest), so
-"what is done" survives a kill at any moment: a batch is either fully renamed into place or
-absent.
+A table is a directory of partitions (hive layout: ``<table>/partition=00042/``), each a few
+Parquet files: one per committed batch until the partition is compacted. Each file records in
+its footer which item keys it completed (the batch manifest: row and key counts, and the keys
+that produced no rows) and per-item counters, so "what is done" survives a kill at any moment:
+a batch is either fully renamed into place or absent. Compaction merges a partition's small
+files into one, whose footer lists the files it replaces: that one rename is the commit, and
+the replaced files are deleted after it (or by the next sweep).
+
+``_corpus.json`` at the root records the layout version and the number of partitions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import posixpath
@@ -19,18 +25,31 @@ from typing import Any
 
 import fsspec
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from schemas.tables import schema_for
+from pipeline import graph, partitions
+from schemas.tables import key_column, schema_for
 
 MANIFEST_KEY = b"vlcorpus.done"
 STATS_KEY = b"vlcorpus.stats"
+REPLACES_KEY = b"vlcorpus.replaces"
 TMP_PREFIX = ".tmp-"
+COMPACT_PREFIX = "c-"
+LAYOUT_FILE = "_corpus.json"
+LAYOUT_VERSION = 2
+# Files under this size are merged by compaction; bigger ones are left as they are, so that a
+# run adding a few videos rewrites little.
+COMPACT_BELOW_BYTES = 64 * 1024 * 1024
 
 
 class SchemaViolation(ValueError):
     """Rows that do not fit their table's schema."""
+
+
+class LayoutError(ValueError):
+    """A root this version cannot use as it is: another partition count, an older layout."""
 
 
 def rows_to_table(table: str, rows: list[dict] | pa.Table) -> pa.Table:
@@ -60,12 +79,17 @@ def rows_to_table(table: str, rows: list[dict] | pa.Table) -> pa.Table:
     return data
 
 
+def partition_dir(label: str) -> str:
+    return f"partition={label}"
+
+
 class Corpus:
     """One corpus root (local path or fsspec URL such as ``memory://``, ``s3://``)."""
 
     def __init__(self, url: str, storage_options: Mapping[str, object] | None = None) -> None:
         self.url = url
         self.fs, self.root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        self._partitions: int | None = None
 
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
@@ -95,98 +119,285 @@ class Corpus:
             raise ValueError(f"{self.url} is not a local corpus root")
         return self.path(*parts)
 
+    # -- layout ------------------------------------------------------------------------------
+    def recorded_partitions(self) -> int | None:
+        """The partition count recorded in the root, None for a root without tables. A root
+        written by an older version (flat tables) is a LayoutError naming the migration."""
+        if self._partitions is None:
+            layout = self.path(LAYOUT_FILE)
+            if self.fs.exists(layout):
+                data = json.loads(self.fs.cat(layout))
+                if data.get("layout") != LAYOUT_VERSION:
+                    raise LayoutError(f"{self.url}: layout version {data.get('layout')} is not "
+                                      f"{LAYOUT_VERSION}; rebuild it with this version")
+                self._partitions = int(data["partitions"])
+            elif self._flat_tables():
+                raise LayoutError(
+                    f"{self.url} was written by an older vlcorpus (one folder of files per table, "
+                    f"no partitions): run `vlcorpus migrate {self.url}` to move its tables into "
+                    f"partitions, or build into a new root")
+        return self._partitions
+
+    def _flat_tables(self) -> bool:
+        for table in graph.TABLES:
+            directory = self.path(table)
+            if self.fs.exists(directory) and any(
+                    p.endswith(".parquet") for p in self.fs.ls(directory, detail=False)):
+                return True
+        return False
+
+    def init_partitions(self, requested: int) -> int:
+        """Record ``requested`` partitions in a root that has none yet; a root that has
+        another number is a LayoutError (a silent remap would move videos between partitions)."""
+        recorded = self.recorded_partitions()
+        if recorded is not None:
+            if recorded != requested:
+                raise LayoutError(
+                    f"{self.url} has {recorded} partitions and the config asks for {requested}: "
+                    f"set execution.partitions to {recorded} (or leave it unset), or build into "
+                    f"a new root")
+            return recorded
+        if not 1 <= requested <= partitions.MAX_PARTITIONS:
+            raise ValueError(f"partitions must be between 1 and {partitions.MAX_PARTITIONS}")
+        self.write_text(LAYOUT_FILE, json.dumps({"layout": LAYOUT_VERSION,
+                                                 "partitions": requested}) + "\n")
+        self._partitions = requested
+        return requested
+
+    @property
+    def partitions(self) -> int:
+        recorded = self.recorded_partitions()
+        if recorded is None:
+            raise LayoutError(f"{self.url} has no tables yet (no {LAYOUT_FILE})")
+        return recorded
+
+    def labels(self) -> list[str]:
+        """Every partition of the corpus, in order (none before its first discover)."""
+        recorded = self.recorded_partitions()
+        return partitions.labels(recorded) if recorded else []
+
+    def partition_of(self, video_id: str) -> str:
+        return partitions.partition_of(video_id, self.partitions)
+
     # -- writing -----------------------------------------------------------------------------
     def write_batch(
         self,
         table: str,
         rows: list[dict] | pa.Table,
         name: str,
-        done: Mapping[str, int] | None = None,
+        partition: str,
+        done: Iterable[str] | None = None,
         stats: Mapping[str, Mapping[str, int]] | None = None,
     ) -> str:
-        """Commit one batch as ``<table>/<name>.parquet``: validated, written to a temporary
-        name, then renamed, so readers never see half a batch. ``done`` maps each completed
-        item key to its number of rows (items may produce none); ``stats`` holds per-item
+        """Commit one batch as ``<table>/partition=<p>/<name>.parquet``: validated, written
+        under a temporary name, then renamed, so readers never see half a batch. ``done`` lists
+        the item keys the batch completes (items may produce no rows); ``stats`` holds per-item
         counters (such as drop reasons) that travel atomically with the rows."""
         data = rows_to_table(table, rows)
         metadata = dict(data.schema.metadata or {})
         if done is not None:
-            metadata[MANIFEST_KEY] = json.dumps(dict(sorted(done.items()))).encode()
+            metadata[MANIFEST_KEY] = _manifest(data, table, set(done))
         if stats:
             metadata[STATS_KEY] = json.dumps(dict(sorted(stats.items()))).encode()
-        data = data.replace_schema_metadata(metadata)
-        directory = self.path(table)
+        directory = posixpath.join(table, partition_dir(partition))
+        return self.write_table(posixpath.join(directory, f"{name}.parquet"),
+                                data.replace_schema_metadata(metadata))
+
+    def write_partitioned(self, table: str, rows: list[dict], name: str,
+                          done: Iterable[str] | None = None) -> list[str]:
+        """Commit rows of several partitions (found from their video, or their clip's video):
+        one batch each."""
+        def video(value: dict | str) -> str:
+            if isinstance(value, dict):
+                return value["video_id"] if "video_id" in value else partitions.video_of_clip(value["clip_id"])
+            return partitions.video_of_clip(value) if key_column(table) == "clip_id" else value
+
+        by_partition: dict[str, list[dict]] = {}
+        for row in rows:
+            by_partition.setdefault(self.partition_of(video(row)), []).append(row)
+        keys: dict[str, set[str]] = {}
+        for key in done or ():
+            keys.setdefault(self.partition_of(video(key)), set()).add(key)
+        return [self.write_batch(table, by_partition.get(p, []), name, p,
+                                 None if done is None else keys.get(p, set()))
+                for p in sorted(set(by_partition) | set(keys))]
+
+    @contextlib.contextmanager
+    def atomic_file(self, relpath: str, mode: str = "wb") -> Iterator[Any]:
+        """A file under the root written all or nothing: the block writes a temporary file in
+        the same folder (invisible to readers), renamed into place when the block ends; on any
+        failure the temporary file is removed and the old file, if any, is left as it was."""
+        final = self.path(relpath)
+        directory = posixpath.dirname(final)
         self.fs.makedirs(directory, exist_ok=True)
-        final = posixpath.join(directory, f"{name}.parquet")
-        tmp = posixpath.join(directory, f"{TMP_PREFIX}{name}-{uuid.uuid4().hex}.parquet")
+        tmp = posixpath.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
         try:
-            with self.fs.open(tmp, "wb") as handle:
-                pq.write_table(data, handle, compression="zstd")
+            with self.fs.open(tmp, mode) as handle:
+                yield handle
             self.fs.mv(tmp, final)
         except BaseException:
             if self.fs.exists(tmp):
                 self.fs.rm(tmp)
             raise
-        return final
+
+    def write_table(self, relpath: str, data: pa.Table, row_group_size: int | None = None) -> str:
+        """Atomically write a Parquet file under the root."""
+        with self.atomic_file(relpath) as handle:
+            pq.write_table(data, handle, compression="zstd", row_group_size=row_group_size)
+        return self.path(relpath)
 
     def write_text(self, relpath: str, text: str) -> str:
         """Atomically replace a small text file under the root."""
-        final = self.path(relpath)
-        parent = posixpath.dirname(final)
-        self.fs.makedirs(parent, exist_ok=True)
-        tmp = posixpath.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
-        with self.fs.open(tmp, "w") as handle:
+        with self.atomic_file(relpath, "w") as handle:
             handle.write(text)
-        self.fs.mv(tmp, final)
+        return self.path(relpath)
+
+    def _relative(self, path: str) -> str:
+        return posixpath.relpath(path, self.root)
+
+    def read_json(self, relpath: str) -> Any:
+        """A JSON file under the root, None when it does not exist."""
+        path = self.path(relpath)
+        return json.loads(self.fs.cat(path)) if self.fs.exists(path) else None
+
+    def compact(self, table: str, partition: str, below_bytes: int = COMPACT_BELOW_BYTES) -> str | None:
+        """Merge the partition's files smaller than ``below_bytes`` into one (rows sorted by the
+        table's primary key, manifests and counters merged); None when there is nothing to merge."""
+        directory = self.path(table, partition_dir(partition))
+        present = self._present(directory)
+        live = self._live(directory, present)
+        small = [name for name in live if present[name] < below_bytes]
+        if len(small) < 2:
+            return None
+        big = set(live) - set(small)
+        return self._rewrite(table, directory, [n for n in present if n not in big],
+                             [posixpath.join(directory, n) for n in small])
+
+    def replace_rows(self, table: str, partition: str, rows: list[dict] | pa.Table,
+                     done: Iterable[str]) -> str:
+        """Commit rows that replace the partition's rows with the same keys (one rewrite of the
+        partition: for small tables, e.g. a download done again after its media was dropped)."""
+        new = rows_to_table(table, rows)
+        directory = self.path(table, partition_dir(partition))
+        present = self._present(directory)
+        live = [posixpath.join(directory, n) for n in self._live(directory, present)]
+        return self._rewrite(table, directory, list(present), live, new, set(done))
+
+    def _rewrite(self, table: str, directory: str, replaces: list[str], sources: list[str],
+                 new: pa.Table | None = None, new_done: set[str] | None = None) -> str:
+        schema = schema_for(table)
+        key = key_column(table)
+        parts, empty, stats, manifests = [], set(), {}, False
+        dropped = set(new_done or ())
+        for path in sources:
+            with self.fs.open(path, "rb") as handle:
+                parquet = pq.ParquetFile(handle)
+                meta = parquet.schema_arrow.metadata or {}
+                data = parquet.read().cast(schema)
+            if MANIFEST_KEY in meta:
+                manifests = True
+                empty |= set(json.loads(meta[MANIFEST_KEY]).get("empty", []))
+            stats.update(json.loads(meta.get(STATS_KEY, b"{}")))
+            if dropped:
+                data = data.filter(pc.invert(pc.is_in(data.column(key), pa.array(sorted(dropped)))))
+            parts.append(data.replace_schema_metadata(schema.metadata))
+        if new is not None:
+            parts.append(new)
+            manifests = True
+            for k in dropped:
+                stats.pop(k, None)
+        merged = pa.concat_tables(parts) if parts else schema.empty_table()
+        order = [(c, "ascending") for c in graph.PRIMARY_KEYS[graph.base(table)]]
+        merged = merged.sort_by(order)
+        metadata = dict(schema.metadata)
+        if manifests:
+            keys_in_rows = set(pc.unique(merged.column(key)).to_pylist())
+            metadata[MANIFEST_KEY] = _manifest(merged, table, keys_in_rows | (empty - dropped) | dropped)
+        if stats:
+            metadata[STATS_KEY] = json.dumps(dict(sorted(stats.items()))).encode()
+        metadata[REPLACES_KEY] = json.dumps(sorted(replaces)).encode()
+        digest = hashlib.sha1("\n".join(sorted(replaces)).encode()).hexdigest()[:20]
+        final = self.write_table(posixpath.join(self._relative(directory), f"{COMPACT_PREFIX}{digest}.parquet"),
+                                 merged.replace_schema_metadata(metadata), row_group_size=4096)
+        for name in replaces:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(posixpath.join(directory, name))
         return final
 
-    def sweep_temporary(self, table: str) -> int:
-        """Remove temporary files left by a killed writer; returns how many."""
-        directory = self.path(table)
+    def sweep(self, table: str, partition: str) -> int:
+        """Remove what killed writers left in a partition (temporary files, files a compaction
+        replaced); returns how many."""
+        directory = self.path(table, partition_dir(partition))
         if not self.fs.exists(directory):
             return 0
-        stale = [p for p in self.fs.ls(directory, detail=False) if _base(p).startswith(TMP_PREFIX)]
-        for path in stale:
-            self.fs.rm(path)
+        names = [_base(p) for p in self.fs.ls(directory, detail=False)]
+        present = self._present(directory)
+        live = set(self._live(directory, present))
+        stale = [n for n in names if n.startswith(TMP_PREFIX) or (n in present and n not in live)]
+        for name in stale:
+            self.fs.rm(posixpath.join(directory, name))
         return len(stale)
 
     # -- reading -----------------------------------------------------------------------------
     def tables(self) -> list[str]:
         """Names of the tables present under the root (``features/<name>`` expanded)."""
-        found = []
-        for name in ("videos", "downloads", "segments", "clips", "errors"):
-            if self.table_files(name):
-                found.append(name)
-        features = self.path("features")
+        found = [t for t in graph.TABLES if t != graph.ERRORS and self.fs.exists(self.path(t))]
+        features = self.path(graph.FEATURES)
         if self.fs.exists(features):
-            for sub in sorted(self.fs.ls(features, detail=False)):
-                table = f"features/{_base(sub)}"
-                if self.table_files(table):
-                    found.append(table)
+            found += [f"{graph.FEATURES}/{_base(sub)}"
+                      for sub in sorted(self.fs.ls(features, detail=False))
+                      if not _base(sub).startswith((".", "_"))]
+        if self.fs.exists(self.path(graph.ERRORS)):
+            found.append(graph.ERRORS)
         return found
 
-    def table_files(self, table: str) -> list[str]:
+    def partitions_of(self, table: str) -> list[str]:
+        """Partitions of ``table`` that hold files."""
         directory = self.path(table)
         if not self.fs.exists(directory):
             return []
-        return sorted(
-            p
-            for p in self.fs.ls(directory, detail=False)
-            if p.endswith(".parquet") and not _base(p).startswith((".", "_"))
-        )
+        prefix = "partition="
+        return sorted(_base(p)[len(prefix):] for p in self.fs.ls(directory, detail=False)
+                      if _base(p).startswith(prefix))
 
-    def dataset(self, table: str) -> ds.Dataset:
-        """The table as a pyarrow dataset (empty, with the schema, when nothing is committed)."""
+    def _present(self, directory: str) -> dict[str, int]:
+        """Committed Parquet files of a partition directory (live or replaced), with sizes."""
+        if not self.fs.exists(directory):
+            return {}
+        return {_base(e["name"]): int(e.get("size") or 0)
+                for e in self.fs.ls(directory, detail=True)
+                if e["name"].endswith(".parquet") and not _base(e["name"]).startswith((".", "_"))}
+
+    def _live(self, directory: str, present: Mapping[str, int]) -> list[str]:
+        """The files that hold the partition's rows: those no compacted file replaces."""
+        replaced: set[str] = set()
+        for name in present:
+            if name.startswith(COMPACT_PREFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    replaced |= set(self._footer(posixpath.join(directory, name), REPLACES_KEY) or [])
+        return sorted(name for name in present if name not in replaced)
+
+    def table_files(self, table: str, partition: str | None = None) -> list[str]:
+        """The live files of one partition of ``table``, or of every partition."""
+        chosen = [partition] if partition is not None else self.partitions_of(table)
+        files = []
+        for label in chosen:
+            directory = self.path(table, partition_dir(label))
+            files += [posixpath.join(directory, n) for n in self._live(directory, self._present(directory))]
+        return files
+
+    def dataset(self, table: str, partition: str | None = None) -> ds.Dataset:
+        """The table (or one partition of it) as a pyarrow dataset (empty, with the schema,
+        when nothing is committed)."""
         schema = schema_for(table)
-        files = self.table_files(table)
+        files = self.table_files(table, partition)
         if not files:
-            return ds.dataset(pa.Table.from_pylist([], schema=schema))
+            return ds.dataset(schema.empty_table())
         return ds.dataset(files, schema=schema, format="parquet", filesystem=self.fs)
 
-    def read(
-        self, table: str, columns: list[str] | None = None, filter: ds.Expression | None = None
-    ) -> pa.Table:
-        return self.dataset(table).to_table(columns=columns, filter=filter)
+    def read(self, table: str, columns: list[str] | None = None, filter: ds.Expression | None = None,
+             partition: str | None = None) -> pa.Table:
+        return self.dataset(table, partition).to_table(columns=columns, filter=filter)
 
     def _footer(self, path: str, key: bytes) -> Any:
         with self.fs.open(path, "rb") as handle:
@@ -194,30 +405,64 @@ class Corpus:
         raw = metadata.get(key)
         return None if raw is None else json.loads(raw)
 
-    def file_manifest(self, path: str) -> dict[str, int] | None:
+    def file_manifest(self, path: str) -> dict[str, Any] | None:
         """The batch manifest of one committed file, read from its footer only."""
         return self._footer(path, MANIFEST_KEY)
 
-    def stats(self, table: str) -> dict[str, int]:
-        """Per-item counters of every batch of ``table``, summed (e.g. drop reasons)."""
+    def stats(self, table: str, partition: str | None = None) -> dict[str, int]:
+        """Per-item counters of ``table`` (or one partition), summed (e.g. drop reasons)."""
         totals: dict[str, int] = {}
-        for path in self.table_files(table):
+        for path in self.table_files(table, partition):
             for counters in (self._footer(path, STATS_KEY) or {}).values():
                 for name, n in counters.items():
                     totals[name] = totals.get(name, 0) + n
         return dict(sorted(totals.items()))
 
-    def done(self, table: str) -> dict[str, int]:
-        """Every item key completed into ``table``, with its row count."""
-        done: dict[str, int] = {}
-        for path in self.table_files(table):
-            done.update(self.file_manifest(path) or {})
-        return done
+    def done_keys(self, table: str, partition: str) -> pa.Array:
+        """Every item key completed into one partition of ``table``, as a string array."""
+        key = key_column(table)
+        arrays = [pa.array([], pa.string())]
+        for path in self.table_files(table, partition):
+            with self.fs.open(path, "rb") as handle:
+                parquet = pq.ParquetFile(handle)
+                arrays.append(parquet.read(columns=[key]).column(key).combine_chunks())
+                raw = (parquet.schema_arrow.metadata or {}).get(MANIFEST_KEY)
+            if raw:
+                arrays.append(pa.array(json.loads(raw).get("empty", []), pa.string()))
+        return pc.unique(pa.concat_arrays([a.cast(pa.string()) for a in arrays]))
 
-    def distinct(self, table: str, column: str) -> list[str]:
+    def done(self, table: str, partition: str | None = None) -> dict[str, int]:
+        """Every item key completed into ``table`` with its row count: for small corpora and
+        checks (planning uses ``done_keys`` partition by partition)."""
+        chosen = [partition] if partition is not None else self.partitions_of(table)
+        key = key_column(table)
+        counts: dict[str, int] = {}
+        for label in chosen:
+            for path in self.table_files(table, label):
+                with self.fs.open(path, "rb") as handle:
+                    parquet = pq.ParquetFile(handle)
+                    column = parquet.read(columns=[key]).column(key)
+                    raw = (parquet.schema_arrow.metadata or {}).get(MANIFEST_KEY)
+                for entry in pc.value_counts(column).to_pylist():
+                    counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
+                for empty in json.loads(raw).get("empty", []) if raw else []:
+                    counts.setdefault(empty, 0)
+        return dict(sorted(counts.items()))
+
+    def distinct(self, table: str, column: str, partition: str | None = None) -> list[str]:
         """Sorted distinct values of one column, read column-only."""
-        values = self.read(table, columns=[column]).column(column)
-        return sorted(v for v in pa.compute.unique(values).to_pylist() if v is not None)
+        values = self.read(table, columns=[column], partition=partition).column(column)
+        return sorted(v for v in pc.unique(values).to_pylist() if v is not None)
+
+
+def _manifest(data: pa.Table, table: str, done: set[str]) -> bytes:
+    """Rows, keys, and the keys that produced no rows (those the key column cannot show)."""
+    in_rows = set(pc.unique(data.column(key_column(table))).to_pylist())
+    stray = in_rows - done
+    if stray:
+        raise SchemaViolation(f"{table}: rows of keys the batch does not complete: {sorted(stray)[:5]}")
+    return json.dumps({"rows": data.num_rows, "keys": len(done),
+                       "empty": sorted(done - in_rows)}).encode()
 
 
 def _base(path: str) -> str:

@@ -14,12 +14,15 @@ def summarize(corpus: Corpus) -> dict[str, Any]:
     """``{"tables": {name: rows}, "errors": {stage: {kind: n}}}``, read without loading data."""
     tables = {name: corpus.dataset(name).count_rows() for name in corpus.tables()}
     errors: dict[str, dict[str, int]] = {}
-    if "errors" in tables:
-        # Items, not rows: a transient failure retried over several runs is one item.
-        data = corpus.read("errors", columns=["stage", "kind", "item_id"])
+    # Items, not rows: a transient failure retried over several runs is one item. An item's
+    # errors are all in its partition, so per-partition counts add up.
+    for partition in corpus.partitions_of("errors") if "errors" in tables else []:
+        data = corpus.read("errors", columns=["stage", "kind", "item_id"], partition=partition)
         counts = data.group_by(["stage", "kind"]).aggregate([("item_id", "count_distinct")])
-        for row in sorted(counts.to_pylist(), key=lambda r: (r["stage"], r["kind"])):
-            errors.setdefault(row["stage"], {})[row["kind"]] = row["item_id_count_distinct"]
+        for row in counts.to_pylist():
+            kinds = errors.setdefault(row["stage"], {})
+            kinds[row["kind"]] = kinds.get(row["kind"], 0) + row["item_id_count_distinct"]
+    errors = {stage: dict(sorted(kinds.items())) for stage, kinds in sorted(errors.items())}
     # Per-item counters kept with the batches, e.g. align's drop reasons.
     counters = {name: corpus.stats(name) for name in tables if name != "errors"}
     return {"root": corpus.url, "tables": tables, "errors": errors,

@@ -17,7 +17,7 @@ from pipeline.asr import AsrBackend, get_backend, transcribe_media
 from pipeline.config import AsrConfig, Config, QualityConfig, TranscribeConfig
 from pipeline.errors import BadInputError, StageError
 from pipeline.progress import log
-from pipeline.runner import Item, Stage, StageContext, input_items, per_item
+from pipeline.runner import Item, Stage, StageContext, per_item, table_inputs
 from pipeline.segment import Sentence, split_sentences
 from pipeline.storage import Corpus
 from pipeline.subtitles import check_size, subtitle_sentences
@@ -152,9 +152,5 @@ def transcript_file(path: str, asr: AsrConfig, cfg: TranscribeConfig) -> list[di
              "source": source} for s in sentences]
 
 
-STAGE = Stage(
-    name="transcribe",
-    output="segments",
-    items=lambda ctx: input_items(ctx.corpus, "downloads", "video_id"),
-    process=per_item(transcribe_one),
-)
+STAGE = Stage(name="transcribe", output="segments", inputs=table_inputs("downloads"),
+              process=per_item(transcribe_one))

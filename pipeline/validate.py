@@ -1,8 +1,11 @@
-"""``vlcorpus validate``: every table fits its schema, and no key is lost between stages."""
+"""``vlcorpus validate``: every table fits its schema, every row is in its video's partition,
+and no key is lost between stages (the lineage of pipeline/graph.py). Checked partition by
+partition, so memory follows a partition, not the corpus."""
 
 from __future__ import annotations
 
-from collections import Counter
+import json
+import posixpath
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -10,28 +13,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from pipeline import graph, partitions
 from pipeline.errors import ErrorKind
-from pipeline.storage import Corpus
+from pipeline.storage import MANIFEST_KEY, Corpus, LayoutError
 from schemas.tables import SCHEMA_VERSION, key_column, schema_for
 
-# Consecutive stages: (stage that writes the downstream table, upstream table, downstream table).
-# Every upstream key must be done downstream or be in that stage's errors.
-LINEAGE: list[tuple[str, str, str]] = [
-    ("download", "videos", "downloads"),
-    ("transcribe", "downloads", "segments"),
-    ("align", "segments", "clips"),
-]
-# Features tables are keyed by clip; their stage name is ``featurize:<extractor>``.
-FEATURES_PREFIX = "features/"
-
-# Columns that identify a row; duplicates across batches mean a rerun duplicated work.
-PRIMARY_KEYS: dict[str, list[str]] = {
-    "videos": ["video_id"],
-    "downloads": ["video_id"],
-    "segments": ["video_id", "index"],
-    "clips": ["clip_id"],
-    "features": ["clip_id"],
-}
+LIMIT = 20  # violations of one kind listed before "... and N more"
 
 
 @dataclass(frozen=True)
@@ -45,70 +32,96 @@ class Violation:
 
 def validate(corpus: Corpus) -> list[Violation]:
     """All violations found under the corpus root (empty list: valid)."""
+    try:
+        count = corpus.recorded_partitions()
+    except LayoutError as exc:
+        return [Violation("(root)", str(exc))]
     problems: list[Violation] = []
     tables = corpus.tables()
+    labels = set(corpus.labels())
     for table in tables:
-        problems += _check_files(corpus, table)
-        problems += _check_primary_key(corpus, table)
+        for partition in corpus.partitions_of(table):
+            if partition != partitions.CORPUS and partition not in labels:
+                problems.append(Violation(table, f"partition {partition!r} is not one of the "
+                                                 f"corpus's {count} partitions"))
+                continue
+            problems += _check_files(corpus, table, partition)
+            problems += _check_primary_key(corpus, table, partition)
     for stage, upstream, downstream in _lineage(tables):
-        problems += _check_lineage(corpus, stage, upstream, downstream)
+        for partition in sorted(labels):
+            problems += _check_lineage(corpus, stage, upstream, downstream, partition)
     return problems
 
 
 def _lineage(tables: list[str]) -> list[tuple[str, str, str]]:
-    pairs = [p for p in LINEAGE if p[2] in tables]
+    pairs = [p for p in graph.LINEAGE if p[2] in tables]
+    prefix = f"{graph.FEATURES}/"
     for table in tables:
-        if table.startswith(FEATURES_PREFIX):
-            pairs.append((f"featurize:{table[len(FEATURES_PREFIX):]}", "clips", table))
+        if table.startswith(prefix):
+            pairs.append((f"featurize:{table[len(prefix):]}", "clips", table))
     return pairs
 
 
-def _check_files(corpus: Corpus, table: str) -> list[Violation]:
+def _video_ids(table: str, data: pa.Table) -> list[str]:
+    if "video_id" in data.column_names:
+        return data.column("video_id").to_pylist()
+    return [partitions.video_of_clip(c) for c in data.column("clip_id").to_pylist()]
+
+
+def _check_files(corpus: Corpus, table: str, partition: str) -> list[Violation]:
     expected = schema_for(table)
     key = key_column(table)
     problems = []
-    for path in corpus.table_files(table):
-        name = path.rsplit("/", 1)[-1]
+    for path in corpus.table_files(table, partition):
+        name = f"partition={partition}/{posixpath.basename(path)}"
         with corpus.fs.open(path, "rb") as handle:
             try:
                 parquet = pq.ParquetFile(handle)
                 schema = parquet.schema_arrow
-                data = parquet.read() if table != "errors" else parquet.read(columns=["kind"])
+                columns = ["kind"] if table == graph.ERRORS else [
+                    f.name for f in expected if f.name not in ("values", "words")]
+                data = parquet.read(columns=columns)
             except (pa.ArrowInvalid, OSError) as exc:
                 problems.append(Violation(table, f"{name}: unreadable Parquet ({exc})"))
                 continue
         metadata = schema.metadata or {}
         version = metadata.get(b"vlcorpus.schema_version", b"").decode()
         if version != SCHEMA_VERSION:
-            problems.append(
-                Violation(table, f"{name}: schema version {version or 'missing'!r}, "
-                                 f"expected {SCHEMA_VERSION!r}")
-            )
+            problems.append(Violation(table, f"{name}: schema version {version or 'missing'!r}, "
+                                             f"expected {SCHEMA_VERSION!r}"))
         if not schema.remove_metadata().equals(expected.remove_metadata()):
             diff = _schema_diff(schema, expected)
             problems.append(Violation(table, f"{name}: schema differs from schemas/: {diff}"))
             continue
-        if table == "errors":
+        if table == graph.ERRORS:
             bad = set(data.column("kind").to_pylist()) - {k.value for k in ErrorKind}
             if bad:
                 problems.append(Violation(table, f"{name}: unknown error kinds {sorted(bad)}"))
             continue
         for field in expected:
-            if not field.nullable and data.column(field.name).null_count:
+            if field.name in data.column_names and not field.nullable and data.column(field.name).null_count:
                 problems.append(Violation(table, f"{name}: nulls in column {field.name!r}"))
-        manifest = corpus.file_manifest(path)
-        if manifest is None:
+        elsewhere = sorted({v for v in _video_ids(table, data)
+                            if partitions.partition_of(v, corpus.partitions) != partition})
+        if elsewhere:
+            problems.append(Violation(table, f"{name}: rows of videos of other partitions: "
+                                             f"{elsewhere[:5]}"))
+        raw = metadata.get(MANIFEST_KEY)
+        if raw is None:
             problems.append(Violation(table, f"{name}: no batch manifest in the footer"))
             continue
-        counts = Counter(data.column(key).to_pylist())
-        for item, n in sorted(manifest.items()):
-            if counts.get(item, 0) != n:
-                problems.append(
-                    Violation(table, f"{name}: key {item!r} has {counts.get(item, 0)} rows, "
-                                     f"its batch recorded {n}")
-                )
-        for item in sorted(set(counts) - set(manifest)):
-            problems.append(Violation(table, f"{name}: key {item!r} not in its batch manifest"))
+        manifest = json.loads(raw)
+        in_rows = set(pc.unique(data.column(key)).to_pylist())
+        empty = set(manifest.get("empty", []))
+        if manifest.get("rows") != data.num_rows:
+            problems.append(Violation(table, f"{name}: {data.num_rows} rows, its manifest "
+                                             f"recorded {manifest.get('rows')}"))
+        if empty & in_rows:
+            problems.append(Violation(table, f"{name}: keys with rows recorded as empty: "
+                                             f"{sorted(empty & in_rows)[:5]}"))
+        if manifest.get("keys") != len(in_rows | empty):
+            problems.append(Violation(table, f"{name}: {len(in_rows | empty)} keys, its manifest "
+                                             f"recorded {manifest.get('keys')}"))
     return problems
 
 
@@ -125,37 +138,35 @@ def _schema_diff(actual: pa.Schema, expected: pa.Schema) -> str:
     return "; ".join(parts) or "column order differs"
 
 
-def _check_primary_key(corpus: Corpus, table: str) -> list[Violation]:
-    columns = PRIMARY_KEYS.get(table.split("/", 1)[0])
-    if not columns:
+def _check_primary_key(corpus: Corpus, table: str, partition: str) -> list[Violation]:
+    base = graph.base(table)
+    if base == graph.ERRORS:
         return []
+    columns = list(graph.PRIMARY_KEYS[base])
     try:
-        data = corpus.read(table, columns=columns)
+        data = corpus.read(table, columns=columns, partition=partition)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError):
         return []  # already reported by the file checks
     counts = data.group_by(columns).aggregate([([], "count_all")])
     dupes = counts.filter(pc.greater(counts.column("count_all"), 1)).to_pylist()
-    return [
-        Violation(table, f"duplicate key {tuple(d[c] for c in columns)} ({d['count_all']} rows)")
-        for d in dupes[:20]
-    ]
+    return [Violation(table, f"duplicate key {tuple(d[c] for c in columns)} ({d['count_all']} rows)")
+            for d in dupes[:LIMIT]]
 
 
-def _check_lineage(corpus: Corpus, stage: str, upstream: str, downstream: str) -> list[Violation]:
+def _check_lineage(corpus: Corpus, stage: str, upstream: str, downstream: str,
+                   partition: str) -> list[Violation]:
     key = key_column(downstream)
     try:
-        expected = set(corpus.distinct(upstream, key))
+        expected = pc.unique(corpus.read(upstream, columns=[key], partition=partition).column(key))
+        done = corpus.done_keys(downstream, partition)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, KeyError):
         return []  # reported by the file checks
-    done = set(corpus.done(downstream))
-    errors = corpus.read("errors", columns=["item_id"], filter=ds.field("stage") == stage)
-    failed = set(errors.column("item_id").to_pylist())
-    lost = sorted(expected - done - failed)
-    problems = [
-        Violation(downstream, f"key {k!r} of {upstream} is neither in {downstream} nor in "
-                              f"errors (stage {stage})")
-        for k in lost[:20]
-    ]
-    if len(lost) > 20:
-        problems.append(Violation(downstream, f"... and {len(lost) - 20} more lost keys"))
+    errors = corpus.read("errors", columns=["item_id"], filter=ds.field("stage") == stage,
+                         partition=partition)
+    lost_mask = pc.invert(pc.or_(pc.is_in(expected, done), pc.is_in(expected, errors.column("item_id"))))
+    lost = sorted(pc.filter(expected, lost_mask).to_pylist())
+    problems = [Violation(downstream, f"key {k!r} of {upstream} is neither in {downstream} nor in "
+                                      f"errors (stage {stage})") for k in lost[:LIMIT]]
+    if len(lost) > LIMIT:
+        problems.append(Violation(downstream, f"... and {len(lost) - LIMIT} more lost keys"))
     return problems

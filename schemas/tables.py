@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -79,6 +79,9 @@ DOWNLOADS = _schema(
         pa.field("has_audio", pa.bool_()),
         pa.field("status", pa.string(), nullable=False),  # ok | partial
         pa.field("downloaded_at", _TS, nullable=False),
+        # Set when the media file was deleted after its partition was sharded
+        # (storage.keep_media: false); a stage that needs it again downloads it again.
+        pa.field("released_at", _TS),
     ],
 )
 

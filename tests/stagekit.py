@@ -14,13 +14,15 @@ import time
 from datetime import UTC, datetime
 
 from pipeline.errors import BadInputError, PermanentError, TransientError
-from pipeline.runner import Item, Stage, StageContext, input_items, per_item
+from pipeline.runner import Item, Stage, StageContext, per_item, table_inputs
 from pipeline.storage import Corpus
 
 _flaky_seen: set[str] = set()
 
 
-def make_videos(corpus: Corpus, n: int, extra: tuple[str, ...] = ()) -> list[str]:
+def make_videos(corpus: Corpus, n: int, extra: tuple[str, ...] = (), partitions: int = 4) -> list[str]:
+    """``n`` videos rows (and one per ``extra`` name) in a corpus of ``partitions`` partitions."""
+    corpus.init_partitions(partitions)
     ids = [f"demo-v{i:03d}" for i in range(n)] + [f"demo-{e}" for e in extra]
     now = datetime(2026, 1, 1, tzinfo=UTC)
     rows = [
@@ -28,7 +30,7 @@ def make_videos(corpus: Corpus, n: int, extra: tuple[str, ...] = ()) -> list[str
          "discovered_at": now}
         for v in ids
     ]
-    corpus.write_batch("videos", rows, "all", done={v: 1 for v in ids})
+    corpus.write_partitioned("videos", rows, "all", done=ids)
     return ids
 
 
@@ -68,16 +70,8 @@ def _sentences(item: Item, ctx: StageContext) -> list[dict]:
     ]
 
 
-DOWNLOAD = Stage(
-    name="download",
-    output="downloads",
-    items=lambda ctx: input_items(ctx.corpus, "videos", "video_id"),
-    process=per_item(_download),
-)
+DOWNLOAD = Stage(name="download", output="downloads", inputs=table_inputs("videos"),
+                 process=per_item(_download))
 
-TRANSCRIBE = Stage(
-    name="transcribe",
-    output="segments",
-    items=lambda ctx: input_items(ctx.corpus, "downloads", "video_id"),
-    process=per_item(_sentences),
-)
+TRANSCRIBE = Stage(name="transcribe", output="segments", inputs=table_inputs("downloads"),
+                   process=per_item(_sentences))

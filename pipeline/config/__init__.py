@@ -5,7 +5,7 @@ there instead of a setting silently ignored. `vlcorpus schema --write` regenerat
 `schemas/config.schema.json`.
 
 - sources.py: where videos come from; sections.py: filters, download, transcribe, align;
-  features.py: frames and extractors; shards.py; train.py; execution.py
+  features.py: frames and extractors; shards.py; train.py; storage.py; execution.py
 - model.py: the whole config and its cross-section checks
 - problems.py, messages.py: the errors a user sees; loading.py: YAML in, hash, dump, schema out
 """
@@ -48,6 +48,7 @@ from pipeline.config.sources import (
     Source,
     UrlsSource,
 )
+from pipeline.config.storage import StorageConfig
 from pipeline.config.train import TRAIN_DEFAULTS, TrainConfig, TrainModel
 
 __all__ = [
@@ -55,7 +56,7 @@ __all__ = [
     "AlignConfig", "AsrConfig", "ClipMediaConfig", "Config", "ConfigError", "DownloadConfig",
     "ExecutionConfig", "ExtractorConfig", "FeaturesConfig", "FiltersConfig", "FolderSource",
     "FramesConfig", "GoogleAsrConfig", "ListSource", "ParquetShardConfig", "PlaylistSource",
-    "QualityConfig", "SearchSource", "SentenceConfig", "ShardsConfig", "Source", "TrainConfig",
+    "QualityConfig", "SearchSource", "SentenceConfig", "ShardsConfig", "Source", "StorageConfig", "TrainConfig",
     "TrainModel", "TranscribeConfig", "UrlsSource", "WebDatasetConfig", "config_hash",
     "config_json_schema", "dump_config", "load_config", "parse_config",
 ]

@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.config.problems import raise_if
+from pipeline.partitions import MAX_PARTITIONS
+
 
 class ExecutionConfig(BaseModel):
     """How stages run: batching, retries, the Dask cluster, logging."""
@@ -22,6 +24,18 @@ class ExecutionConfig(BaseModel):
     threads_per_worker: int = Field(1, ge=1)
     gpu_resource: bool = Field(False, description="featurize tasks ask Dask for the resource GPU=1")
     log_format: Literal["rich", "json"] = "rich"
+    partitions: int | None = Field(
+        None, ge=1, le=MAX_PARTITIONS,
+        description="videos are hashed into this many partitions; fixed at a corpus's first "
+                    "build and recorded in its root. None: chosen from the number of videos "
+                    "first discovered (about 1000 videos each at scale, up to 8 for small corpora)")
+    pipelined: bool = Field(
+        True, description="run partition by partition (download -> ... -> shard as a chain per "
+                          "partition, several partitions at once); false: each stage over the "
+                          "whole corpus before the next")
+    max_inflight_partitions: int = Field(
+        4, ge=1, description="partitions between download and shard at once: bounds the media "
+                             "on disk when storage.keep_media is false, and the parallelism")
 
     @model_validator(mode="after")
     def _backoff_range(self) -> "ExecutionConfig":

@@ -12,10 +12,12 @@ from pipeline.config.problems import Found, raise_if
 from pipeline.config.sections import AlignConfig, DownloadConfig, FiltersConfig, TranscribeConfig
 from pipeline.config.shards import ShardsConfig
 from pipeline.config.sources import Source
+from pipeline.config.storage import StorageConfig
 from pipeline.config.train import TrainConfig
 
 _SECTIONS_WITH_DEFAULTS = (
-    "filters", "download", "transcribe", "align", "frames", "features", "shards", "execution",
+    "filters", "download", "transcribe", "align", "frames", "features", "shards", "storage",
+    "execution",
 )
 
 
@@ -35,6 +37,7 @@ class Config(BaseModel):
     features: FeaturesConfig = Field(default_factory=FeaturesConfig)
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
     train: TrainConfig | None = Field(None, description="None: no training")
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
 
     @model_validator(mode="before")

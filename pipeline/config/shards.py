@@ -26,8 +26,8 @@ class WebDatasetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
-    samples_per_shard: int = Field(1000, gt=0)
-    max_bytes: int = Field(1_000_000_000, gt=0)
+    max_bytes: int = Field(1_000_000_000, gt=0, description="a shard reaching this size is "
+                           "closed early; the Parquet shard of the same number closes with it")
     include_media: bool = Field(False, description="add the clip mp4 to each sample")
     media: ClipMediaConfig = Field(default_factory=ClipMediaConfig)
 
@@ -39,13 +39,14 @@ class ParquetShardConfig(BaseModel):
 
     enabled: bool = True
     row_group_size: int = Field(1024, gt=0, description="rows per row group, for readers")
-    rows_per_file: int = Field(100_000, gt=0, description="rows per part file")
 
 
 class ShardsConfig(BaseModel):
-    """Training-ready shards."""
+    """Training-ready shards, written per partition; shard N of a split of a partition holds
+    the same clips in both formats."""
 
     model_config = ConfigDict(extra="forbid")
 
+    samples_per_shard: int = Field(1000, gt=0, description="clips per shard, in both formats")
     webdataset: WebDatasetConfig = Field(default_factory=WebDatasetConfig)
     parquet: ParquetShardConfig = Field(default_factory=ParquetShardConfig)

@@ -10,29 +10,16 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Iterable
 from typing import Any
 
 import fsspec
 import numpy as np
 import pyarrow.dataset as ds
 
-from pipeline.config import Config
 from pipeline.ids import check_member, feature_key
-from pipeline.runner import StageContext
-from pipeline.shards.parquet import write_parquet
-from pipeline.shards.webdataset import write_webdataset
+from pipeline.shards.stage import write_shards
 
-
-def write_shards(ctx: StageContext) -> dict[str, Any]:
-    """The shard stage: WebDataset and Parquet shards for every clip not yet sharded."""
-    cfg: Config = ctx.config
-    report: dict[str, Any] = {}
-    if cfg.shards.webdataset.enabled:
-        report["webdataset"] = write_webdataset(ctx.corpus, cfg)
-    if cfg.shards.parquet.enabled:
-        report["parquet"] = write_parquet(ctx.corpus, cfg)
-    return report
+__all__ = ["feature_array", "open_parquet", "open_webdataset", "shard_urls", "write_shards"]
 
 
 def shard_urls(url: str, split: str | None = None) -> list[str]:

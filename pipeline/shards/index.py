@@ -1,58 +1,115 @@
-"""The shard index: which shards exist, what clips each holds, their size and sha256.
+"""Which shards exist and what clips each holds.
 
-It is what makes shard writing incremental (clips already in a shard are not written again)
-and lets readers list shards without listing a bucket. A shard is renamed into place before
-the index names it, so a kill between the two only means the shard is written again, under
-the same name and with the same bytes.
+Per partition, ``shards/_index/p<partition>.parquet``: one row per sharded clip (clip_id,
+split, shard number), with the partition's shard listing (names, counts, bytes, sha256 of both
+formats) in its footer. It is rewritten, whole and atomically, after each batch's shards are
+renamed into place, so a kill in between only means the batch is written again, under the
+same names and with the same bytes. Its clip ids are the shard stage's done keys.
+
+Per format, ``shards/<format>/index.json`` lists every shard of the corpus (no clip lists),
+so readers find shards without listing a bucket; it is refreshed from the partitions a run
+changed, after the run's shard tasks.
 """
 
 from __future__ import annotations
 
 import json
-import posixpath
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.storage import Corpus
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+ROOT = "shards"
+INDEX_DIR = f"{ROOT}/_index"
+FORMATS = ("webdataset", "parquet")
+LISTING_KEY = b"vlcorpus.shards"
+_SCHEMA = pa.schema([pa.field("clip_id", pa.string(), nullable=False),
+                     pa.field("split", pa.string(), nullable=False),
+                     pa.field("shard", pa.int32(), nullable=False)])
+
+
+@dataclass
+class ShardFile:
+    name: str  # relative to the format's folder, e.g. "train-00003-000000.tar"
+    bytes: int
+    sha256: str
 
 
 @dataclass
 class ShardEntry:
-    name: str  # file name relative to the shard folder, e.g. "train-000000.tar"
+    number: int
     split: str
     count: int
-    bytes: int
-    sha256: str
-    clips: list[str] = field(default_factory=list)
+    files: dict[str, ShardFile] = field(default_factory=dict)  # format -> its file
+
+
+def index_path(partition: str) -> str:
+    return f"{INDEX_DIR}/p{partition}.parquet"
 
 
 @dataclass
-class ShardIndex:
-    folder: str  # relative to the corpus root, e.g. "shards/webdataset"
+class PartitionIndex:
+    partition: str
+    clips: pa.Table = field(default_factory=_SCHEMA.empty_table)
     shards: list[ShardEntry] = field(default_factory=list)
 
     @classmethod
-    def load(cls, corpus: Corpus, folder: str) -> ShardIndex:
-        path = corpus.path(folder, "index.json")
+    def load(cls, corpus: Corpus, partition: str) -> PartitionIndex:
+        path = corpus.path(index_path(partition))
         if not corpus.fs.exists(path):
-            return cls(folder)
-        data = json.loads(corpus.fs.cat(path))
-        return cls(folder, [ShardEntry(**s) for s in data["shards"]])
-
-    def save(self, corpus: Corpus) -> None:
-        data = {"version": INDEX_VERSION, "shards": [asdict(s) for s in self.shards]}
-        corpus.write_text(posixpath.join(self.folder, "index.json"),
-                          json.dumps(data, indent=1, sort_keys=True) + "\n")
-
-    def known(self, split: str) -> set[str]:
-        return {c for s in self.shards if s.split == split for c in s.clips}
+            return cls(partition)
+        with corpus.fs.open(path, "rb") as handle:
+            data = pq.read_table(handle)
+        listing = json.loads((data.schema.metadata or {})[LISTING_KEY])
+        shards = [ShardEntry(s["number"], s["split"], s["count"],
+                             {k: ShardFile(**f) for k, f in s["files"].items()})
+                  for s in listing["shards"]]
+        return cls(partition, data.replace_schema_metadata(None).cast(_SCHEMA), shards)
 
     def next_number(self, split: str) -> int:
         return sum(1 for s in self.shards if s.split == split)
 
-    def add(self, entry: ShardEntry) -> None:
-        self.shards = [s for s in self.shards if s.name != entry.name] + [entry]
+    def add(self, entry: ShardEntry, clips: list[str]) -> None:
+        self.shards = [s for s in self.shards if (s.split, s.number) != (entry.split, entry.number)]
+        self.shards.append(entry)
+        rows = pa.table({"clip_id": clips, "split": [entry.split] * len(clips),
+                         "shard": [entry.number] * len(clips)}, schema=_SCHEMA)
+        self.clips = pa.concat_tables([self.clips, rows])
 
-    def count(self) -> int:
-        return sum(s.count for s in self.shards)
+    def save(self, corpus: Corpus) -> None:
+        listing = {"version": INDEX_VERSION, "partition": self.partition,
+                   "shards": [asdict(s) for s in sorted(self.shards, key=lambda s: (s.split, s.number))]}
+        data = self.clips.replace_schema_metadata({LISTING_KEY: json.dumps(listing)})
+        corpus.write_table(index_path(self.partition), data)
+
+
+def listing_path(fmt: str) -> str:
+    return f"{ROOT}/{fmt}/index.json"
+
+
+def load_listing(corpus: Corpus, fmt: str) -> list[dict]:
+    return (corpus.read_json(listing_path(fmt)) or {}).get("shards", [])
+
+
+def refresh_listings(corpus: Corpus, changed: Iterable[str]) -> dict[str, list[dict]]:
+    """Bring each format's index.json up to date with the partitions in ``changed``; returns
+    the listings."""
+    changed = sorted(set(changed))
+    listings = {}
+    for fmt in FORMATS:
+        entries = [e for e in load_listing(corpus, fmt) if e["partition"] not in changed]
+        for partition in changed:
+            for shard in PartitionIndex.load(corpus, partition).shards:
+                if fmt in shard.files:
+                    entries.append({**asdict(shard.files[fmt]), "split": shard.split,
+                                    "count": shard.count, "partition": partition})
+        entries.sort(key=lambda e: e["name"])
+        if entries or corpus.fs.exists(corpus.path(listing_path(fmt))):
+            corpus.write_text(listing_path(fmt), json.dumps(
+                {"version": INDEX_VERSION, "shards": entries}, indent=1, sort_keys=True) + "\n")
+        listings[fmt] = entries
+    return listings

@@ -1,21 +1,20 @@
-"""Clips joined with their features, split by split, in a deterministic order, in chunks.
+"""Clips joined with their features, a batch at a time: what both shard formats are written from.
 
-Both shard writers read the corpus through this, so WebDataset and Parquet hold the same
-samples. Reads stay partitioned: one chunk of clips and its features at a time.
+A batch's features are read from the partition's features tables with a clip-id range (which
+Parquet row-group statistics narrow down: compacted tables are sorted by clip_id) and the
+exact ids, so a partition's features are read about once for all its shards.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
-from pipeline.ids import feature_key
+from pipeline import graph
 from pipeline.storage import Corpus
 
 CLIP_FIELDS = ("clip_id", "video_id", "start_s", "end_s", "text", "source", "policy",
@@ -30,64 +29,43 @@ class Sample:
 
 def feature_tables(corpus: Corpus) -> dict[str, str]:
     """Feature key -> table, for every features table in the corpus."""
-    return {t.split("/", 1)[1]: t for t in corpus.tables() if t.startswith("features/")}
+    prefix = f"{graph.FEATURES}/"
+    return {t[len(prefix):]: t for t in corpus.tables() if t.startswith(prefix)}
 
 
-def ordered_clips(corpus: Corpus, split: str) -> list[dict[str, Any]]:
-    """Clips of one split, grouped by video and in time order: the order shards are written in."""
-    table = corpus.read("clips", columns=list(CLIP_FIELDS), filter=ds.field("split") == split)
-    return sorted(table.to_pylist(), key=lambda c: (c["video_id"], c["start_s"], c["clip_id"]))
+def batch_features(corpus: Corpus, partition: str, clip_ids: list[str],
+                   tables: dict[str, str]) -> dict[str, dict[str, np.ndarray]]:
+    """{feature key: {clip_id: float16 array}} for the clips of a batch that have them."""
+    if not clip_ids:
+        return {key: {} for key in tables}
+    wanted = (ds.field("clip_id") >= min(clip_ids)) & (ds.field("clip_id") <= max(clip_ids)) \
+        & ds.field("clip_id").isin(clip_ids)
+    out = {}
+    for key, table in tables.items():
+        data = corpus.read(table, columns=["clip_id", "shape", "values"], filter=wanted,
+                           partition=partition)
+        values = data.column("values").combine_chunks()
+        flat = values.values.to_numpy(zero_copy_only=False)
+        offsets = values.offsets.to_numpy()
+        shapes = data.column("shape").to_pylist()
+        out[key] = {cid: flat[offsets[i]:offsets[i + 1]].reshape(shapes[i])
+                    for i, cid in enumerate(data.column("clip_id").to_pylist())}
+    return out
 
 
-class FeatureReader:
-    """Features of given clips from one features table, reading only the batch files that
-    hold them: a first pass reads the ``clip_id`` column of every file, so each later lookup
-    touches a few small files instead of scanning the table."""
-
-    def __init__(self, corpus: Corpus, table: str, cache: int = 8) -> None:
-        self.corpus = corpus
-        self.where: dict[str, tuple[str, int]] = {}
-        for path in corpus.table_files(table):
-            with corpus.fs.open(path, "rb") as handle:
-                ids = pq.read_table(handle, columns=["clip_id"]).column("clip_id").to_pylist()
-            self.where.update((cid, (path, row)) for row, cid in enumerate(ids))
-        self._files: OrderedDict[str, tuple[np.ndarray, np.ndarray, list]] = OrderedDict()
-        self._cache = cache
-
-    def _file(self, path: str) -> tuple[np.ndarray, np.ndarray, list]:
-        if path not in self._files:
-            with self.corpus.fs.open(path, "rb") as handle:
-                data = pq.read_table(handle, columns=["shape", "values"])
-            values = data.column("values").combine_chunks()
-            self._files[path] = (values.values.to_numpy(zero_copy_only=False),
-                                 values.offsets.to_numpy(), data.column("shape").to_pylist())
-            if len(self._files) > self._cache:
-                self._files.popitem(last=False)
-        self._files.move_to_end(path)
-        return self._files[path]
-
-    def get(self, clip_ids: list[str]) -> dict[str, np.ndarray]:
-        out = {}
-        for cid in clip_ids:
-            if cid in self.where:
-                path, row = self.where[cid]
-                flat, offsets, shapes = self._file(path)
-                out[cid] = flat[offsets[row] : offsets[row + 1]].reshape(shapes[row])
-        return out
+def batch_samples(corpus: Corpus, partition: str, clips: list[dict[str, Any]],
+                  tables: dict[str, str]) -> list[Sample]:
+    """``clips`` (rows with at least CLIP_FIELDS) with every feature they have."""
+    found = batch_features(corpus, partition, [c["clip_id"] for c in clips], tables)
+    samples = []
+    for clip in clips:
+        row = {name: clip.get(name) for name in CLIP_FIELDS}
+        samples.append(Sample(row, {key: f[clip["clip_id"]] for key, f in found.items()
+                                    if clip["clip_id"] in f}))
+    return samples
 
 
-def samples(corpus: Corpus, clips: list[dict[str, Any]], features: list[str] | None = None,
-            chunk: int = 512) -> Iterator[Sample]:
-    """``clips`` with every feature they have (or only the named extractors)."""
-    tables = feature_tables(corpus)
-    if features is not None:
-        wanted = {feature_key(f) for f in features}
-        tables = {k: t for k, t in tables.items() if k in wanted}
-    readers = {key: FeatureReader(corpus, table) for key, table in tables.items()}
-    for i in range(0, len(clips), chunk):
-        part = clips[i : i + chunk]
-        ids = [c["clip_id"] for c in part]
-        found = {key: reader.get(ids) for key, reader in readers.items()}
-        for clip in part:
-            yield Sample(clip, {key: f[clip["clip_id"]] for key, f in found.items()
-                                if clip["clip_id"] in f})
+def clip_count(corpus: Corpus, split: str | None = None) -> int:
+    """Clips in the corpus (of one split), counted without loading them."""
+    dataset = corpus.dataset("clips")
+    return dataset.count_rows(filter=None if split is None else pc.field("split") == split)

@@ -89,9 +89,10 @@ def _synthetic_features(corpus: Corpus, n: int = 120) -> None:
                        "shape": [2, 32], "values": np.stack([v, v]).reshape(-1).astype("float16")})
         text.append({"clip_id": cid, "extractor": "text:x", "weights": "none", "shape": [24],
                      "values": t.astype("float16")})
-    corpus.write_batch("clips", clips, "syn", done={c["video_id"]: 1 for c in clips})
-    corpus.write_batch("features/resnet34", visual, "syn", done={r["clip_id"]: 1 for r in visual})
-    corpus.write_batch("features/text_x", text, "syn", done={r["clip_id"]: 1 for r in text})
+    corpus.init_partitions(2)
+    corpus.write_partitioned("clips", clips, "syn", done=[c["video_id"] for c in clips])
+    corpus.write_partitioned("features/resnet34", visual, "syn", done=[r["clip_id"] for r in visual])
+    corpus.write_partitioned("features/text_x", text, "syn", done=[r["clip_id"] for r in text])
 
 
 def test_train_and_eval_commands(tmp_path):

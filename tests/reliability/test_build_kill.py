@@ -30,7 +30,7 @@ def _config(path: Path, urls: Path) -> Path:
         "transcribe": {"prefer": ["manual"]},
         "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"}],
                      "clips_per_commit": 3},
-        "shards": {"webdataset": {"samples_per_shard": 5}, "parquet": {"rows_per_file": 5}},
+        "shards": {"samples_per_shard": 5},
         "execution": {"batch_size": 1, "n_workers": 1, "retry_backoff_s": 0},
     }))
     return path

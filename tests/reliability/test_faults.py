@@ -66,7 +66,7 @@ def _config(path: Path, urls: Path) -> Path:
         "transcribe": {"prefer": ["manual"]},
         "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"}],
                      "clips_per_commit": 2},
-        "shards": {"webdataset": {"samples_per_shard": 3}, "parquet": {"rows_per_file": 3}},
+        "shards": {"samples_per_shard": 3},
         "execution": {"batch_size": 1, "retry_backoff_s": 0},
     }))
     return path

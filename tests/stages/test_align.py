@@ -66,7 +66,7 @@ def test_whole_uses_listed_span_or_video():
     drops: Counter = Counter()
     sentences = spans((0.5, 2.5), (2.6, 2.9), (4, 5))
     assert [(s.start_s, s.end_s) for s in whole_span(sentences, {}, 3.0, drops)] == [(0.0, 3.0)]
-    listed = whole_span(sentences, {"start_s": 3.5, "end_s": 6.0}, 5.5, drops)
+    listed = whole_span(sentences, {"listed_start_s": 3.5, "listed_end_s": 6.0}, 5.5, drops)
     assert [(s.start_s, s.end_s, s.text) for s in listed] == [(3.5, 5.5, sentences[2].text)]
     assert drops["outside_span"] == 1 + 2  # (4, 5) past a 3 s video; then two before 3.5 s
 

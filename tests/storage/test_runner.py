@@ -79,7 +79,7 @@ def test_rejected_rows_fail_the_commit_not_silently(memory_root):
     from pipeline.storage import SchemaViolation
 
     with pytest.raises(SchemaViolation, match="unknown columns"):
-        corpus.write_batch("videos", [{"video_id": "a", "titel": "x"}], "b")
+        corpus.write_batch("videos", [{"video_id": "a", "titel": "x"}], "b", "00000")
     with pytest.raises(SchemaViolation, match="must not be null"):
-        corpus.write_batch("videos", [{"video_id": "a"}], "b")
+        corpus.write_batch("videos", [{"video_id": "a"}], "b", "00000")
     assert corpus.table_files("videos") == []

@@ -40,7 +40,8 @@ def test_deleted_rows_are_named(tmp_path):
 def test_deleted_batch_loses_keys(tmp_path):
     corpus = _built(str(tmp_path))
     path = corpus.table_files("segments")[0]
-    lost = sorted(corpus.file_manifest(path))
+    lost = sorted(set(pq.read_table(path).column("video_id").to_pylist())
+                  | set(corpus.file_manifest(path)["empty"]))
     corpus.fs.rm(path)
     messages = _messages(corpus)
     for key in lost:
@@ -62,4 +63,14 @@ def test_duplicate_rows_are_named(tmp_path):
     corpus = _built(str(tmp_path))
     first = corpus.table_files("videos")[0]
     corpus.fs.copy(first, first.replace(".parquet", "-copy.parquet"))
-    assert any("videos: duplicate key ('demo-v000',)" in m for m in _messages(corpus))
+    video = pq.read_table(first).column("video_id")[0].as_py()
+    assert any(f"videos: duplicate key ({video!r},)" in m for m in _messages(corpus))
+
+
+def test_a_row_outside_its_partition_is_named(tmp_path):
+    corpus = _built(str(tmp_path))
+    source, *others = corpus.partitions_of("videos")
+    path = corpus.table_files("videos", source)[0]
+    moved = corpus.path("videos", f"partition={others[0]}", "moved.parquet")
+    corpus.fs.mv(path, moved)
+    assert any("rows of videos of other partitions" in m for m in _messages(corpus))

@@ -1,0 +1,162 @@
+"""The shard stage: per partition, its clips with their features (and clip media) into
+WebDataset and Parquet shards, both from one read.
+
+A batch is one shard of each enabled format (``shards.samples_per_shard`` clips of one split, fewer
+when ``max_bytes`` is reached first, then the next shard): shard N of a split holds the same
+clips in both formats. A clip whose media cannot be cut is an errors row (bad input, so it is
+not cut again on every run) and is in neither format. New clips go to new shards; shards
+already written are never rewritten.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.config import Config
+from pipeline.errors import BadInputError
+from pipeline.featurize import clips_with_media
+from pipeline.media import ClipCut, cut_clips
+from pipeline.runner import Item, Outcome, Stage, StageContext, run_partition
+from pipeline.shards.index import PartitionIndex, ShardEntry, refresh_listings
+from pipeline.shards.parquet import part_name, write_part
+from pipeline.shards.samples import Sample, batch_samples, feature_tables
+from pipeline.shards.webdataset import encode, record_bytes, tar_name, write_tar
+from pipeline.storage import Corpus
+
+
+def _cut_media(corpus: Corpus, cfg: Config, items: Sequence[Item],
+               workdir: str) -> dict[str, str | BadInputError]:
+    """Each clip's mp4, all clips of a video cut in one ffmpeg process."""
+    mcfg = cfg.shards.webdataset.media
+    by_video: dict[str | None, list[Item]] = {}
+    for item in items:
+        by_video.setdefault(item.info.get("media_path"), []).append(item)
+    out: dict[str, str | BadInputError] = {}
+    for media, group in by_video.items():
+        if not media:
+            out |= {i.key: BadInputError(f"no media for {i.rows[0]['video_id']}") for i in group}
+            continue
+        cuts = [ClipCut(i.key, i.rows[0]["start_s"], i.rows[0]["end_s"],
+                        os.path.join(workdir, f"{i.key}.mp4")) for i in group]
+        with corpus.local_file(media) as path:
+            out |= cut_clips(path, cuts, precision=mcfg.precision, height=mcfg.height,
+                             fps=mcfg.fps, codec=mcfg.codec, audio=mcfg.audio)
+    return out
+
+
+def _write(corpus: Corpus, cfg: Config, partition: str, split: str, number: int,
+           samples: list[Sample], records: list[dict[str, Any]], keys: list[str]) -> ShardEntry:
+    entry = ShardEntry(number, split, len(samples))
+    if cfg.shards.webdataset.enabled:
+        entry.files["webdataset"] = write_tar(corpus, tar_name(split, partition, number), records)
+    if cfg.shards.parquet.enabled:
+        entry.files["parquet"] = write_part(corpus, part_name(split, partition, number), samples,
+                                            keys, cfg.shards.parquet.row_group_size)
+    return entry
+
+
+def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
+    """Shards of one batch (one split of one partition): cut, read features, write both."""
+    cfg: Config = ctx.config
+    corpus = ctx.corpus
+    wcfg = cfg.shards.webdataset
+    partition = corpus.partition_of(items[0].rows[0]["video_id"])
+    split = items[0].rows[0]["split"]
+    outcomes: dict[str, Outcome] = {}
+    tables = feature_tables(corpus)
+    keys = sorted(tables)
+    number = PartitionIndex.load(corpus, partition).next_number(split)
+    with tempfile.TemporaryDirectory(prefix="vlcorpus-cut-") as workdir:
+        media = _cut_media(corpus, cfg, items, workdir) if wcfg.include_media else {}
+        usable = []
+        for item in items:
+            cut = media.get(item.key)
+            if isinstance(cut, BadInputError):
+                outcomes[item.key] = Outcome(item.key, kind=cut.kind, message=str(cut))
+            else:
+                usable.append(item)
+        samples = batch_samples(corpus, partition, [i.rows[0] for i in usable], tables)
+        pending: list[tuple[Sample, dict[str, Any]]] = []
+        size = 0
+        for sample in samples:
+            cut = media.get(sample.clip["clip_id"])
+            mp4 = None
+            if isinstance(cut, str):
+                with open(cut, "rb") as handle:
+                    mp4 = handle.read()
+            record = encode(sample, mp4)
+            if pending and size + record_bytes(record) > wcfg.max_bytes:
+                _flush(corpus, cfg, partition, split, number, pending, keys, outcomes)
+                number, pending, size = number + 1, [], 0
+            pending.append((sample, record))
+            size += record_bytes(record)
+        if pending:
+            _flush(corpus, cfg, partition, split, number, pending, keys, outcomes)
+    return [outcomes[i.key] for i in items]
+
+
+def _flush(corpus: Corpus, cfg: Config, partition: str, split: str, number: int,
+           pending: list[tuple[Sample, dict[str, Any]]], keys: list[str],
+           outcomes: dict[str, Outcome]) -> None:
+    samples = [s for s, _ in pending]
+    entry = _write(corpus, cfg, partition, split, number, samples, [r for _, r in pending], keys)
+    for sample in samples:
+        cid = sample.clip["clip_id"]
+        outcomes[cid] = Outcome(cid, rows=[{"clip_id": cid, "entry": entry}])
+
+
+@dataclass(frozen=True)
+class ShardSink:
+    """The shard stage's results: shards already renamed into place; committing a batch
+    records them in the partition index, whose clip ids are the stage's done keys."""
+
+    def done_keys(self, corpus: Corpus, partition: str) -> pa.Array:
+        return PartitionIndex.load(corpus, partition).clips.column("clip_id").combine_chunks()
+
+    def commit(self, corpus: Corpus, partition: str, name: str, rows: list[dict[str, Any]],
+               done: list[str], stats: dict[str, dict[str, int]], replace: bool) -> None:
+        index = PartitionIndex.load(corpus, partition)
+        by_shard: dict[int, tuple[ShardEntry, list[str]]] = {}
+        for row in rows:
+            entry = row["entry"]
+            by_shard.setdefault(entry.number, (entry, []))[1].append(row["clip_id"])
+        for entry, clips in by_shard.values():
+            index.add(entry, clips)
+        index.save(corpus)
+
+    def finish(self, corpus: Corpus, partition: str) -> None:
+        """Nothing to merge: the partition index is one file, rewritten per batch."""
+
+
+def make_stage(cfg: Config) -> Stage:
+    return Stage(name="shard", output="shards", inputs=clips_with_media, process=process,
+                 key="clip_id", group="split", order=("video_id", "start_s"),
+                 info=("media_path",), sink=ShardSink(),
+                 batch_size=cfg.shards.samples_per_shard)
+
+
+def write_shards(ctx: StageContext, partitions: list[str] | None = None) -> dict[str, Any]:
+    """The shard stage over ``partitions`` (all by default), one after the other, then the
+    shard listings; returns what the build prints per format."""
+    stage = make_stage(ctx.config)
+    written: dict[str, int] = {}
+    for partition in partitions or ctx.corpus.labels():
+        report = run_partition(stage, ctx, partition, stage.batch_size)
+        if report.ok:
+            written[partition] = report.ok
+    return listing_report(ctx.corpus, ctx.config, sorted(written), sum(written.values()))
+
+
+def listing_report(corpus: Corpus, cfg: Config, changed: list[str], written: int) -> dict[str, Any]:
+    """Refresh the listings of the partitions a run changed; per enabled format, its shard
+    and sample counts."""
+    listings = refresh_listings(corpus, changed)
+    enabled = {"webdataset": cfg.shards.webdataset.enabled, "parquet": cfg.shards.parquet.enabled}
+    return {fmt: {"written": written, "shards": len(entries), "samples": sum(e["count"] for e in entries)}
+            for fmt, entries in listings.items() if enabled[fmt]}
