@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from pipeline.config import AlignConfig, Config
 from pipeline.ids import clip_id
-from pipeline.runner import Item, Outcome, Stage, StageContext, attach, per_item
+from pipeline.runner import Item, Outcome, Stage, StageContext, attach, per_item, rows_of
 
 _HAS_TEXT = re.compile(r"\w")
 
@@ -269,16 +269,15 @@ def align_one(item: Item, ctx: StageContext) -> Outcome:
     return Outcome(video, rows=rows, stats={f"dropped:{k}": v for k, v in drops.items()})
 
 
-def align_inputs(ctx: StageContext, partition: str) -> pa.Table:
-    """One partition's sentences, each with its video's duration and any listed span."""
-    corpus = ctx.corpus
-    segments = corpus.read("segments", partition=partition)
-    durations = corpus.read("downloads", columns=["video_id", "duration_s"], partition=partition)
-    listed = corpus.read("videos", columns=["video_id", "start_s", "end_s"],
-                         partition=partition).rename_columns(
+def align_inputs(ctx: StageContext, partition: str, videos: pa.Array) -> pa.Table:
+    """Sentences of ``videos``, each with its video's duration and any listed span."""
+    segments = rows_of(ctx, "segments", partition, "video_id", videos)
+    durations = rows_of(ctx, "downloads", partition, "video_id", videos, ["video_id", "duration_s"])
+    listed = rows_of(ctx, "videos", partition, "video_id", videos,
+                     ["video_id", "start_s", "end_s"]).rename_columns(
         ["video_id", "listed_start_s", "listed_end_s"])
     return attach(attach(segments, durations, "video_id"), listed, "video_id")
 
 
-STAGE = Stage(name="align", output="clips", inputs=align_inputs, process=per_item(align_one),
-              info=("duration_s", "listed_start_s", "listed_end_s"))
+STAGE = Stage(name="align", output="clips", source="segments", inputs=align_inputs,
+              process=per_item(align_one), info=("duration_s", "listed_start_s", "listed_end_s"))

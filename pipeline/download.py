@@ -223,5 +223,5 @@ def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
         return [o for outcomes in pool.map(lambda i: one([i], ctx), items) for o in outcomes]
 
 
-STAGE = Stage(name="download", output="downloads", inputs=table_inputs("videos"), process=process,
-              redo=needed_again)
+STAGE = Stage(name="download", output="downloads", source="videos", inputs=table_inputs("videos"),
+              process=process, redo=needed_again)

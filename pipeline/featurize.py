@@ -10,18 +10,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.config import Config, ExtractorConfig
 from pipeline.ids import feature_key
-from pipeline.runner import Item, Outcome, Stage, StageContext, attach
+from pipeline.runner import Item, Outcome, Stage, StageContext, attach, rows_of
 
 
-def clips_with_media(ctx: StageContext, partition: str) -> pa.Table:
-    """One partition's clips, each with its video's media path (the inputs of featurize and
-    shard)."""
-    corpus = ctx.corpus
-    clips = corpus.read("clips", partition=partition)
-    media = corpus.read("downloads", columns=["video_id", "media_path"], partition=partition)
+def clips_with_media(ctx: StageContext, partition: str, clip_ids: pa.Array) -> pa.Table:
+    """Clips, each with its video's media path (the inputs of featurize and shard)."""
+    clips = rows_of(ctx, "clips", partition, "clip_id", clip_ids)
+    videos = pc.unique(clips.column("video_id"))
+    media = rows_of(ctx, "downloads", partition, "video_id", videos, ["video_id", "media_path"])
     return attach(clips, media, "video_id")
 
 
@@ -34,7 +34,8 @@ def make_stage(ecfg: ExtractorConfig, cfg: Config) -> Stage:
         return extract(items, ctx, name)
 
     return Stage(name=f"featurize:{feature_key(name)}", output=f"features/{feature_key(name)}",
-                 inputs=clips_with_media, process=process, key="clip_id", order=("video_id",),
+                 source="clips", inputs=clips_with_media, process=process, key="clip_id",
+                 order=("video_id",),
                  info=("media_path",), batch_size=cfg.features.clips_per_commit)
 
 

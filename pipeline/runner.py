@@ -1,7 +1,8 @@
 """The stage runner of DESIGN.md: per partition, todo = input keys − done keys − final failures.
 
-A stage says which rows one partition gives it (``inputs``: one item per distinct key) and how
-to turn a batch of items into rows (``process``). Planning is Arrow set arithmetic over one
+A stage says where its items are listed (the key column of its ``source`` table), which rows
+the items to do give it (``inputs``: one item per distinct key), and how to turn a batch of
+items into rows (``process``). Planning is Arrow set arithmetic over one
 partition (its inputs, its output's done keys, its errors), so memory follows the partition,
 not the corpus. The runner skips what earlier runs finished, works on the rest in batches,
 retries transient failures with backoff, commits each batch atomically under a name derived
@@ -100,7 +101,9 @@ def retrying(fn: Callable[[], T], policy: RetryPolicy) -> tuple[T | None, Except
 
 
 Process = Callable[[Sequence[Item], StageContext], list[Outcome]]
-Inputs = Callable[[StageContext, str], pa.Table]
+# (context, partition, keys to read) -> the rows of those keys
+Inputs = Callable[[StageContext, str, pa.Array], pa.Table]
+Keys = Callable[[StageContext, str], pa.Array]
 
 
 class Sink(Protocol):
@@ -134,12 +137,13 @@ class TableSink:
 
 @dataclass(frozen=True)
 class Stage:
-    """A per-partition stage. ``inputs`` gives one partition's input rows, one item per
-    distinct ``key`` (``info`` columns go to ``Item.info`` from the item's first row);
-    ``process`` handles a batch of items."""
+    """A per-partition stage. Its items are the distinct ``key`` values of its ``source``
+    table's partition; ``inputs`` gives the rows of the items to do (``info`` columns go to
+    ``Item.info`` from the item's first row); ``process`` handles a batch of items."""
 
     name: str
     output: str
+    source: str
     inputs: Inputs
     process: Process
     key: str = "video_id"
@@ -148,7 +152,7 @@ class Stage:
     order: tuple[str, ...] = ()  # columns the work is ordered by before the key
     group: str | None = None  # no batch mixes two values of this column (shards: the split)
     # Keys done before that must be done again (a download whose media was dropped).
-    redo: Inputs | None = None
+    redo: Keys | None = None
     sink: Sink | None = None  # None: the ``output`` table
 
     @property
@@ -212,9 +216,16 @@ class StageReport(BatchReport):
         self.todo += other.todo
 
 
-def table_inputs(table: str, columns: list[str] | None = None) -> Inputs:
-    """Inputs that are one upstream table's rows in the partition."""
-    return lambda ctx, partition: ctx.corpus.read(table, columns=columns, partition=partition)
+def rows_of(ctx: StageContext, table: str, partition: str, key: str, keys: pa.Array,
+            columns: list[str] | None = None) -> pa.Table:
+    """The rows of ``keys`` in one partition of ``table``."""
+    return ctx.corpus.read(table, columns=columns, filter=ds.field(key).isin(keys),
+                           partition=partition)
+
+
+def table_inputs(table: str, key: str = "video_id") -> Inputs:
+    """Inputs that are one upstream table's rows."""
+    return lambda ctx, partition, keys: rows_of(ctx, table, partition, key, keys)
 
 
 def attach(rows: pa.Table, other: pa.Table, key: str) -> pa.Table:
@@ -287,8 +298,8 @@ def plan_partition(stage: Stage, ctx: StageContext, partition: str,
     if stage.sink is None:
         corpus.sweep(stage.output, partition)
     corpus.sweep("errors", partition)
-    inputs = stage.inputs(ctx, partition)
-    keys = pc.unique(inputs.column(stage.key))
+    listed = corpus.read(stage.source, columns=[stage.key], partition=partition)
+    keys = pc.unique(listed.column(stage.key)).cast(pa.string())
     done = stage.target.done_keys(corpus, partition)
     final, attempts = failures(corpus, stage.name, partition)
     if retry_failed:
@@ -300,13 +311,17 @@ def plan_partition(stage: Stage, ctx: StageContext, partition: str,
     todo = pc.filter(keys, pc.invert(pc.or_(is_done, is_failed)))
     report = StageReport(stage.name, total=len(keys), skipped_done=pc.sum(is_done).as_py() or 0,
                          skipped_failed=pc.sum(is_failed).as_py() or 0, todo=len(todo))
-    rows = inputs.filter(pc.is_in(inputs.column(stage.key), todo))
+    rows = stage.inputs(ctx, partition, todo) if len(todo) else _empty_inputs(stage, ctx, partition)
     order = ([stage.group] if stage.group else []) + list(stage.order) + [stage.key]
     rows = rows.sort_by([(c, "ascending") for c in order])
     redo_keys = set(pc.filter(keys, redo).to_pylist())
     todo_keys = pc.unique(rows.column(stage.key)).to_pylist()
     return PartitionPlan(stage, partition, rows, todo_keys,
                          {k: attempts[k] for k in todo_keys if k in attempts}, redo_keys, report)
+
+
+def _empty_inputs(stage: Stage, ctx: StageContext, partition: str) -> pa.Table:
+    return stage.inputs(ctx, partition, pa.array([], pa.string()))
 
 
 def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext, partition: str,

@@ -209,7 +209,9 @@ class Corpus:
         one batch each."""
         def video(value: dict | str) -> str:
             if isinstance(value, dict):
-                return value["video_id"] if "video_id" in value else partitions.video_of_clip(value["clip_id"])
+                if "clip_id" in value or "video_id" in value:
+                    return value.get("video_id") or partitions.video_of_clip(value["clip_id"])
+                return value["item_id"]  # an errors row of a video
             return partitions.video_of_clip(value) if key_column(table) == "clip_id" else value
 
         by_partition: dict[str, list[dict]] = {}

@@ -152,5 +152,5 @@ def transcript_file(path: str, asr: AsrConfig, cfg: TranscribeConfig) -> list[di
              "source": source} for s in sentences]
 
 
-STAGE = Stage(name="transcribe", output="segments", inputs=table_inputs("downloads"),
+STAGE = Stage(name="transcribe", output="segments", source="downloads", inputs=table_inputs("downloads"),
               process=per_item(transcribe_one))

@@ -70,8 +70,8 @@ def _sentences(item: Item, ctx: StageContext) -> list[dict]:
     ]
 
 
-DOWNLOAD = Stage(name="download", output="downloads", inputs=table_inputs("videos"),
+DOWNLOAD = Stage(name="download", output="downloads", source="videos", inputs=table_inputs("videos"),
                  process=per_item(_download))
 
-TRANSCRIBE = Stage(name="transcribe", output="segments", inputs=table_inputs("downloads"),
+TRANSCRIBE = Stage(name="transcribe", output="segments", source="downloads", inputs=table_inputs("downloads"),
                    process=per_item(_sentences))

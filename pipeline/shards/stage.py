@@ -135,7 +135,7 @@ class ShardSink:
 
 
 def make_stage(cfg: Config) -> Stage:
-    return Stage(name="shard", output="shards", inputs=clips_with_media, process=process,
+    return Stage(name="shard", output="shards", source="clips", inputs=clips_with_media, process=process,
                  key="clip_id", group="split", order=("video_id", "start_s"),
                  info=("media_path",), sink=ShardSink(),
                  batch_size=cfg.shards.samples_per_shard)

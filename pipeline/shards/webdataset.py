@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import io
 import json
+import tarfile
 from typing import Any
 
 import numpy as np
-import webdataset as wds
 
 from pipeline.ids import check_member
 from pipeline.shards.hashing import HashingWriter
@@ -57,11 +57,18 @@ def record_bytes(record: dict[str, Any]) -> int:
 
 
 def write_tar(corpus: Corpus, name: str, records: list[dict[str, Any]]) -> ShardFile:
-    """One tar of ``records``, written under a temporary name and renamed."""
+    """One tar of ``records`` (``<key>.<member>`` entries, as the webdataset library reads
+    them), written under a temporary name and renamed. With the standard library's tarfile:
+    the webdataset package would import torch into every shard task."""
     with corpus.atomic_file(f"{FOLDER}/{name}") as handle:
         hasher = HashingWriter(handle)
-        writer = wds.TarWriter(hasher, user="vlcorpus", group="vlcorpus", mtime=0)
-        for record in records:
-            writer.write(record)
-        writer.close()
+        with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
+            for record in records:
+                for member, data in record.items():
+                    if member.startswith("__"):
+                        continue
+                    info = tarfile.TarInfo(f"{record['__key__']}.{member}")
+                    info.size, info.mode, info.mtime = len(data), 0o444, 0
+                    info.uname = info.gname = "vlcorpus"
+                    tar.addfile(info, io.BytesIO(data))
     return ShardFile(name, hasher.bytes, hasher.sha256)

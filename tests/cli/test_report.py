@@ -33,12 +33,12 @@ def reported(demo_corpus, tmp_path) -> Corpus:
     run_stage(align.STAGE, ctx, batch_size=4)
     # A hostile sentence, as a real video could carry.
     first = corpus.read("clips").to_pylist()[0]
-    corpus.write_batch("clips", [dict(first, clip_id="aa-evil-0-2000", video_id="aa-evil",
-                                      text=HOSTILE)], "evil", done={"aa-evil": 1})
-    corpus.write_batch("errors", [{"stage": "download", "item_id": "aa-evil", "kind": "permanent",
-                                   "message": HOSTILE, "attempt": 1,
-                                   "time": corpus.read("errors").column("time")[0].as_py()}],
-                       "evil")
+    corpus.write_partitioned("clips", [dict(first, clip_id="aa-evil-0-2000", video_id="aa-evil",
+                                            text=HOSTILE)], "evil", done=["aa-evil"])
+    corpus.write_partitioned("errors", [{"stage": "download", "item_id": "aa-evil", "kind": "permanent",
+                                         "message": HOSTILE, "attempt": 1,
+                                         "time": corpus.read("errors").column("time")[0].as_py()}],
+                             "evil")
     write_report(StageContext(corpus, cfg))
     return corpus
 

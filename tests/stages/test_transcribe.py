@@ -136,9 +136,9 @@ def test_missing_asr_model_stops_the_run_instead_of_failing_items(demo_corpus, t
 
 def _fake_download(corpus: Corpus, vid: str, subs: list[dict], has_audio: bool) -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    corpus.write_batch("downloads", [{"video_id": vid, "media_path": None, "subtitles": subs,
-                                      "has_audio": has_audio, "status": "ok",
-                                      "downloaded_at": now}], f"fake-{vid}", done={vid: 1})
+    corpus.write_partitioned("downloads", [{"video_id": vid, "media_path": None, "subtitles": subs,
+                                            "has_audio": has_audio, "status": "ok",
+                                            "downloaded_at": now}], f"fake-{vid}", done=[vid])
 
 
 def test_unusable_text_sources_are_errors_and_sound_only_is_empty(tmp_path):
@@ -149,6 +149,7 @@ def test_unusable_text_sources_are_errors_and_sound_only_is_empty(tmp_path):
         "WEBVTT\n\n00:00:01.000 --> 00:00:04.000\n[Music]\n\n"
         "00:00:05.000 --> 00:00:07.000\n(APPLAUSE)\n")
     corpus = Corpus(str(root))
+    corpus.init_partitions(2)
     _fake_download(corpus, "demo-junk", [{"lang": "en", "kind": "manual",
                                           "path": "subs/junk.en.vtt"}], has_audio=False)
     _fake_download(corpus, "demo-music", [{"lang": "en", "kind": "manual",
