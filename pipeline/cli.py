@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -114,6 +116,49 @@ def demo(
 
     summary = run_demo(root, n_videos=videos, seed=seed, until=until, port=port)
     _emit(summary, mode)
+
+
+demo_site = typer.Typer(help="The demo site alone: make narrated videos with captions, serve them.",
+                        no_args_is_help=True)
+app.add_typer(demo_site, name="demo-site")
+SiteDir = Annotated[Path, typer.Argument(metavar="DIR", help="The site's folder.")]
+
+
+@demo_site.command("make")
+def demo_site_make(
+    directory: SiteDir,
+    videos: Annotated[int, typer.Option(min=1, help="Narrated videos to generate.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the generated videos.")] = 0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Write the demo site (videos, captions, pages, manifest) into DIR; same seed, same bytes."""
+    from pipeline.demo import make_demo_media
+
+    try:
+        site = make_demo_media(directory, n_videos=videos, seed=seed, quiet=quiet)
+    except RuntimeError as exc:  # a missing tool, or espeak-ng or ffmpeg failing
+        console.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    print(f"wrote {len(site.videos)} videos and {len(site.bad_pages)} bad pages to {site.out_dir}")
+
+
+@demo_site.command("serve")
+def demo_site_serve(
+    directory: SiteDir,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: any free one).")] = 0,
+) -> None:
+    """Serve DIR over HTTP until interrupted: prints the base URL and writes DIR/urls.txt."""
+    from pipeline.demo import serve_demo
+
+    try:
+        with serve_demo(directory, host=host, port=port) as base_url:
+            print(base_url, flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                threading.Event().wait()
+    except OSError as exc:  # no manifest.json (not a site), or the port is taken
+        console.print(f"cannot serve {directory}: {exc}", style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
 
 
 @app.command()

@@ -1,16 +1,20 @@
 """The stable command line: config errors before any work, validate's exit codes,
-commands that are not built yet, stats as JSON."""
+commands that are not built yet, stats as JSON, the demo site made and served."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 import stagekit
+from conftest import require_binaries
 from pipeline.runner import RetryPolicy, StageContext, run_stage
 from pipeline.storage import Corpus
 
@@ -117,3 +121,26 @@ def test_train_and_eval_commands(tmp_path):
     assert again["t2v"]["R@1"] == metrics["t2v"]["R@1"]
     missing = vlcorpus("eval", str(config), "--checkpoint", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr
+
+
+@pytest.mark.slow
+def test_demo_site_make_then_serve(tmp_path):
+    require_binaries("ffmpeg", "ffprobe", "espeak-ng")
+    site = tmp_path / "site"
+    made = vlcorpus("demo-site", "make", str(site), "--videos", "1", "--seed", "3", "--quiet")
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert made.stdout == f"wrote 1 videos and 2 bad pages to {site}\n"
+    server = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "demo-site", "serve", str(site)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        base_url = server.stdout.readline().strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", base_url), server.poll()
+        with urllib.request.urlopen(base_url + "urls.txt", timeout=30) as response:
+            urls = response.read().decode().splitlines()
+        assert urls == [base_url + page for page in ("pages/tour-0.html", "pages/broken.html",
+                                                     "pages/gone.html")]
+        with urllib.request.urlopen(urls[0], timeout=30) as response:
+            assert b'<source src="../media/tour-0.mp4" type="video/mp4">' in response.read()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

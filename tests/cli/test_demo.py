@@ -15,6 +15,7 @@ import yt_dlp
 
 from pipeline import demo
 from pipeline.demo import BadPage, DemoSite, Word, auto_vtt, make_demo_media, serve_demo
+from pipeline.demo.pictures import frame_ppm
 
 HEADER = "WEBVTT\nKind: captions\nLanguage: en\n\n"
 TIMING = re.compile(r"^(\S+) --> (\S+)(.*)$")
@@ -73,13 +74,13 @@ def test_auto_vtt_rolling_layout_from_words():
 
 
 def test_missing_tool_names_binary_and_install(monkeypatch):
-    monkeypatch.setattr(demo.shutil, "which", lambda name: None if name == "espeak-ng" else "/bin/x")
+    monkeypatch.setattr("pipeline.demo.site.shutil.which", lambda name: None if name == "espeak-ng" else "/bin/x")
     with pytest.raises(RuntimeError, match=r"espeak-ng.*apt-get install -y ffmpeg espeak-ng"):
         make_demo_media(Path("/nonexistent"), n_videos=1)
 
 
 def test_shapes_are_distinct_and_big():
-    frames = {shape: demo._frame_ppm(shape, (255, 0, 0)) for shape in set(demo.OBJECT_SHAPES.values())}
+    frames = {shape: frame_ppm(shape, (255, 0, 0)) for shape in set(demo.OBJECT_SHAPES.values())}
     assert len(set(frames.values())) == len(frames)
     for shape, frame in frames.items():
         red = frame.count(b"\xff\x00\x00")
