@@ -24,7 +24,13 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console(stderr=True)
+# Soft wrap: paths and commands in messages stay whole on one line, to copy or grep.
+console = Console(stderr=True, soft_wrap=True)
+
+
+def _error(message: object) -> None:
+    """A message in red, printed as it is (no rich markup: it may hold brackets)."""
+    console.print(str(message), style="red", markup=False, highlight=False)
 
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Warnings and errors only.")]
 JsonLogs = Annotated[bool, typer.Option("--json", help="Logs and results as JSON lines.")]
@@ -87,7 +93,7 @@ def build(
         if until is not None and stage is not None:
             raise ValueError("--until and --stage exclude each other")
     except (ConfigError, ValueError) as exc:
-        console.print(f"[red]{exc}[/red]")
+        _error(exc)
         raise typer.Exit(2) from None
     from flows.build import run_build  # Prefect is imported only when a build runs
 
@@ -137,7 +143,7 @@ def demo_site_make(
     try:
         site = make_demo_media(directory, n_videos=videos, seed=seed, quiet=quiet)
     except RuntimeError as exc:  # a missing tool, or espeak-ng or ffmpeg failing
-        console.print(str(exc), style="red", markup=False, highlight=False)
+        _error(exc)
         raise typer.Exit(1) from None
     print(f"wrote {len(site.videos)} videos and {len(site.bad_pages)} bad pages to {site.out_dir}")
 
@@ -157,7 +163,7 @@ def demo_site_serve(
             with contextlib.suppress(KeyboardInterrupt):
                 threading.Event().wait()
     except OSError as exc:  # no manifest.json (not a site), or the port is taken
-        console.print(f"cannot serve {directory}: {exc}", style="red", markup=False, highlight=False)
+        _error(f"cannot serve {directory}: {exc}")
         raise typer.Exit(1) from None
 
 
@@ -179,7 +185,7 @@ def transcript(
         options = AsrConfig(backend=asr, **({"model": model} if model else {}))
         rows = transcript_file(str(file), options, TranscribeConfig())
     except (StageError, SetupError, ValueError) as exc:
-        console.print(f"[red]{file}: {exc}[/red]", highlight=False)
+        _error(f"{file}: {exc}")
         raise typer.Exit(1) from None
     for row in rows:
         print(json.dumps(row, ensure_ascii=False))
@@ -200,7 +206,7 @@ def validate(
                           "violations": [str(p) for p in problems]}))
     elif problems:
         for problem in problems:
-            console.print(f"[red]{problem}[/red]", markup=False, highlight=False)
+            _error(problem)
         console.print(f"{len(problems)} violations in {root}")
     else:
         console.print(f"{root}: valid ({', '.join(corpus.tables()) or 'no tables'})")
@@ -225,6 +231,22 @@ def report(root: Annotated[str, typer.Argument(help="Corpus root.")]) -> None:
 
     result = write_report(StageContext(Corpus(root), config=None))
     console.print(f"wrote {result['html']} and {result['stats']}")
+
+
+@app.command()
+def migrate(
+    root: Annotated[str, typer.Argument(help="Corpus root of the flat layout (before partitions).")],
+    partitions: Annotated[int | None, typer.Option(min=1, help="Partitions (default: as a first "
+                                                               "build would choose).")] = None,
+) -> None:
+    """Move a corpus of the flat layout into partitions, in place."""
+    from pipeline.migrate import migrate as move
+
+    report = move(Corpus(root), partitions)
+    moved = ", ".join(f"{t} {n}" for t, n in report.rows.items()) or "nothing"
+    console.print(f"{root}: {report.partitions} partitions; rows moved: {moved}")
+    if report.shards_moved_to:
+        console.print(f"old shards kept in {report.shards_moved_to}; the next build writes new ones")
 
 
 @app.command()
@@ -261,7 +283,7 @@ def _on_target(target: str, root: str | None, run: Callable[[Corpus, Config], di
     try:
         return run(*_target(target, root))
     except (ConfigError, ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]{exc}[/red]", highlight=False)
+        _error(exc)
         raise typer.Exit(2) from None
 
 

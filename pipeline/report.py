@@ -185,7 +185,7 @@ def _hist_plot(title: str, hist: dict[str, Any], unit: str) -> str | None:
 def _sample_clips(corpus: Corpus, limit: int) -> list[dict[str, Any]]:
     """A few clips spread over the corpus: the middle clip of the first ``limit`` partitions
     that have clips (more from each when there are fewer partitions)."""
-    labels = [p for p in corpus.partitions_of("clips")]
+    labels = corpus.partitions_of("clips")
     if not labels:
         return []
     per_partition = max(1, -(-limit // len(labels)))
@@ -194,7 +194,8 @@ def _sample_clips(corpus: Corpus, limit: int) -> list[dict[str, Any]]:
     for partition in labels:
         clips = corpus.read("clips", columns=columns, partition=partition).sort_by("clip_id")
         step = max(1, clips.num_rows // per_partition)
-        chosen += clips.take(list(range(step // 2, clips.num_rows, step))[:per_partition]).to_pylist()
+        rows = list(range(step // 2, clips.num_rows, step))[:per_partition]
+        chosen += clips.take(pa.array(rows, pa.int64())).to_pylist()
         if len(chosen) >= limit:
             break
     return chosen[:limit]

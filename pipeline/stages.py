@@ -7,13 +7,16 @@ when their step runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
-from pipeline import align, discover, download, featurize, transcribe
+from pipeline import align, discover, download, featurize, retention, transcribe
 from pipeline.config import Config
 from pipeline.graph import check_name
-from pipeline.runner import RetryPolicy, Stage, StageContext, Step
+from pipeline.runner import RetryPolicy, Stage, StageContext, Step, run_stage, run_step
 from pipeline.shards.stage import make_stage as shard_stage
+from pipeline.shards.stage import write_shards
 from pipeline.storage import Corpus
 
 
@@ -29,26 +32,40 @@ def _train(ctx: StageContext) -> dict[str, Any]:
     return train_step(ctx)
 
 
+# Stage name -> what it consists of for a config (featurize: one runner stage per extractor;
+# train: nothing without a train section).
+BUILT: dict[str, Callable[[Config], list[Stage | Step]]] = {
+    "discover": lambda cfg: [Step("discover", discover.discover)],
+    "download": lambda cfg: [download.STAGE],
+    "transcribe": lambda cfg: [transcribe.STAGE],
+    "align": lambda cfg: [align.STAGE],
+    "featurize": featurize.stages,
+    "shard": lambda cfg: [shard_stage(cfg)],
+    "report": lambda cfg: [Step("report", _report)],
+    "train": lambda cfg: [Step("train", _train)] if cfg.train is not None else [],
+}
+
+
 def parts(name: str, cfg: Config) -> list[Stage | Step]:
-    """What stage ``name`` consists of for this config (no train step without a train section)."""
-    match check_name(name):
-        case "discover":
-            return [Step("discover", discover.discover)]
-        case "download":
-            return [download.STAGE]
-        case "transcribe":
-            return [transcribe.STAGE]
-        case "align":
-            return [align.STAGE]
-        case "featurize":
-            return list(featurize.stages(cfg))
-        case "shard":
-            return [shard_stage(cfg)]
-        case "report":
-            return [Step("report", _report)]
-        case "train":
-            return [Step("train", _train)] if cfg.train is not None else []
-    raise AssertionError(name)
+    return BUILT[check_name(name)](cfg)
+
+
+def run_local(name: str, ctx: StageContext) -> dict[str, Any]:
+    """Stage ``name`` over the whole corpus in this process, one partition after the other
+    (the flows run the same on Dask): steps, runner stages, then what follows a stage (the
+    shard listings, dropping media); returns each part's report."""
+    cfg: Config = ctx.config
+    reports: dict[str, Any] = {}
+    for part in parts(name, cfg):
+        if isinstance(part, Step):
+            reports[part.name] = run_step(part, ctx)
+        elif name == "shard":
+            reports[part.name] = write_shards(ctx)
+        else:
+            reports[part.name] = asdict(run_stage(part, ctx, part.batch_size or cfg.execution.batch_size))
+    if name == "shard" and not cfg.storage.keep_media:
+        reports["media_released"] = sum(retention.release(ctx, p) for p in ctx.corpus.labels())
+    return reports
 
 
 def context(corpus: Corpus, cfg: Config) -> StageContext:

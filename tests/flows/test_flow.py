@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 import stagekit
 from flows.build import run_build
-from pipeline import stages
+from pipeline import graph, stages
 from pipeline.config import parse_config
 from pipeline.storage import Corpus
 from pipeline.validate import validate
@@ -23,12 +25,13 @@ def kit_stages(monkeypatch):
     monkeypatch.setitem(stages.BUILT, "transcribe", lambda cfg: [stagekit.TRANSCRIBE])
 
 
-def _config(root: str):
+def _config(root: str, pipelined: bool = True):
     return parse_config({
         "name": "flowtest",
         "root": root,
         "sources": [{"type": "urls", "urls": ["http://127.0.0.1/x"]}],
-        "execution": {"batch_size": 3, "retries": 1, "retry_backoff_s": 0, "n_workers": 2},
+        "execution": {"batch_size": 3, "retries": 1, "retry_backoff_s": 0, "n_workers": 2,
+                      "pipelined": pipelined, "max_inflight_partitions": 2},
     })
 
 
@@ -36,7 +39,7 @@ def test_build_corpus_runs_built_stages_in_order_with_until(prefect_harness, kit
                                                             memory_root):
     cfg = _config(memory_root)
     corpus = Corpus(memory_root)
-    stagekit.make_videos(corpus, 8, extra=("bad1", "flaky1"))
+    stagekit.make_videos(corpus, 8, extra=("bad1", "flaky1"), partitions=4)
 
     first = run_build(cfg, until="download")
     assert first["stages"]["download"]["ok"] == 9
@@ -52,26 +55,50 @@ def test_build_corpus_runs_built_stages_in_order_with_until(prefect_harness, kit
     assert validate(corpus) == []
 
 
-def test_each_stage_is_a_flow_of_its_own(prefect_harness, kit_stages, memory_root):
-    from prefect.client.orchestration import get_client
+def _runs(client, names: dict, **query) -> list:
+    # Explicit limit and sort: Prefect 3.8.8's defaults (None) are refused by its own server.
     from prefect.client.schemas.sorting import FlowRunSort
+
+    runs = client.read_flow_runs(limit=200, sort=FlowRunSort.START_TIME_ASC, **query)
+    for run in runs:
+        names.setdefault(run.flow_id, client.read_flow(run.flow_id).name)
+    return runs
+
+
+def test_each_stage_is_a_flow_and_a_build_is_a_chain_per_partition(prefect_harness, kit_stages,
+                                                                     memory_root):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import TaskRunSort
 
     from flows.build import STAGE_FLOWS
 
-    assert list(STAGE_FLOWS) == list(stages.ORDER)
-    cfg = _config(memory_root)
+    assert list(STAGE_FLOWS) == list(graph.ORDER)
+    started = datetime.now(UTC)
     corpus = Corpus(memory_root)
-    stagekit.make_videos(corpus, 4)
-    alone = run_build(cfg, stage="download")
-    assert set(alone["stages"]) == {"download"} and alone["stages"]["download"]["ok"] == 4
+    stagekit.make_videos(corpus, 8, partitions=4)
+    alone = run_build(_config(memory_root), stage="download")
+    assert set(alone["stages"]) == {"download"} and alone["stages"]["download"]["ok"] == 8
+    assert alone["stages"]["download"]["partitions"] == 4
     assert "segments" not in alone["tables"]
-    whole = run_build(cfg, until="transcribe")
-    assert whole["stages"]["download"]["items"] == 0 and whole["stages"]["transcribe"]["ok"] == 4
-    # build_corpus ran every stage as a subflow of its own flow run.
-    # Explicit limit and sort: Prefect 3.8.8's defaults (None) are refused by its own server.
+    whole = run_build(_config(memory_root), until="transcribe")
+    assert whole["stages"]["download"]["items"] == 0 and whole["stages"]["transcribe"]["ok"] == 8
+    staged = run_build(_config(memory_root, pipelined=False), until="transcribe")
+    assert staged["stages"]["transcribe"]["items"] == 0
+    names: dict = {}
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(limit=200, sort=FlowRunSort.START_TIME_ASC)
-        names = {r.flow_id: client.read_flow(r.flow_id).name for r in runs}
-    parent = {r.id: r for r in runs if names[r.flow_id] == "build_corpus"}
-    children = [names[r.flow_id] for r in runs if r.parent_task_run_id is not None]
-    assert parent and {"discover", "download", "transcribe"} <= set(children)
+        runs = [r for r in _runs(client, names) if r.start_time and r.start_time >= started]
+        tasks = [t for t in client.read_task_runs(limit=200, sort=TaskRunSort.EXPECTED_START_TIME_ASC)
+                 if t.start_time and t.start_time >= started]
+    builds = [r for r in runs if names[r.flow_id] == "build_corpus"]
+    children = {(r.parent_task_run_id is not None, names[r.flow_id]) for r in runs}
+    assert len(builds) == 2 and {(True, "discover"), (False, "download")} <= children
+    # The pipelined build ran one task per stage and partition (no flow per stage), and the
+    # staged one a subflow per stage; each download ran before its partition's transcribe.
+    assert (True, "transcribe") in children
+    by_name = {}
+    for run in tasks:
+        by_name.setdefault(run.name, []).append(run)
+    for label in corpus.labels():
+        downloads, transcribes = by_name[f"download p{label}"], by_name[f"transcribe p{label}"]
+        assert len(downloads) == 3 and len(transcribes) == 2  # alone, pipelined, staged
+        assert downloads[1].end_time <= transcribes[0].start_time

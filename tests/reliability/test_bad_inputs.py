@@ -69,7 +69,7 @@ def _errors(corpus: Corpus, stage: str | None = None) -> dict[str, dict]:
 def _run(bad, stage: Stage, ctx, batch_size: int = 8) -> StageReport:
     """Run a real stage: an exception out of it is a crash; an input item neither in the
     output table nor in errors is lost."""
-    keys = [item.key for item in stage.items(ctx)]
+    keys = ctx.corpus.distinct(stage.source, stage.key) if stage.source in ctx.corpus.tables() else []
     try:
         report = run_stage(stage, ctx, batch_size=batch_size)
     except Exception:
@@ -495,7 +495,8 @@ def test_file_urls_are_refused_at_download_unless_allowed(tmp_path, bad, good_mp
     now = datetime(2026, 1, 1, tzinfo=UTC)
     rows = [{"video_id": f"list-{i}", "url": url, "extractor": "generic", "source": "list",
              "discovered_at": now} for i, url in enumerate(urls)]
-    refused.write_batch("videos", rows, "all", done={r["video_id"]: 1 for r in rows})
+    refused.init_partitions(2)
+    refused.write_partitioned("videos", rows, "all", done=[r["video_id"] for r in rows])
     ctx = context(refused, parse_config(_config([{"type": "urls", "urls": ["http://x/"]}])))
     assert _run(bad, download.STAGE, ctx).errors == {"bad_input": 3}
     for i, scheme in enumerate(("file", "ftp", "data")):
@@ -575,12 +576,13 @@ def test_bad_subtitles(tmp_path, bad):
     paths = _subtitle_cases(root / "subs")
     bad.add("tried", len(paths))
     corpus = Corpus(str(root))
+    corpus.init_partitions(2)
     now = datetime(2026, 1, 1, tzinfo=UTC)
     rows = [{"video_id": f"demo-{name}", "media_path": f"media/demo-{name}.mp4",
              "subtitles": [{"lang": "en", "kind": "manual", "path": path}], "duration_s": DURATION_S,
              "has_audio": False, "status": "ok", "downloaded_at": now}
             for name, path in paths.items()]
-    corpus.write_batch("downloads", rows, "subs", done={r["video_id"]: 1 for r in rows})
+    corpus.write_partitioned("downloads", rows, "subs", done=[r["video_id"] for r in rows])
     ctx = context(corpus, parse_config(_config(
         [{"type": "urls", "urls": ["http://x/"]}], transcribe={"prefer": ["manual"]},
         align={"policy": "fixed", "length_s": 3.2, "candidates": 2})))

@@ -35,7 +35,7 @@ from pipeline.storage import Corpus
 from pipeline.validate import validate
 
 pytestmark = pytest.mark.slow
-VOLATILE = {"discovered_at", "downloaded_at", "time"}
+VOLATILE = {"discovered_at", "downloaded_at", "released_at", "time"}
 SEEDS = range(4)
 KILLS_PER_SEED = 3
 
@@ -43,18 +43,14 @@ KILLS_PER_SEED = 3
 DRIVER = """
 import sys
 from pipeline.config import load_config
-from pipeline.runner import run_stage
-from pipeline.stages import ORDER, Step, context, parts
+from pipeline.graph import ORDER
+from pipeline.stages import context, run_local
 from pipeline.storage import Corpus
 
 cfg = load_config(sys.argv[1])
 ctx = context(Corpus(sys.argv[2]), cfg)
 for name in ORDER:
-    for part in parts(name, cfg):
-        if isinstance(part, Step):
-            part(ctx)
-        else:
-            run_stage(part, ctx, part.batch_size or cfg.execution.batch_size)
+    run_local(name, ctx)
 """
 
 
@@ -186,7 +182,7 @@ def test_failed_batch_write_commits_nothing_and_keeps_earlier_batches(demo_corpu
         earlier = corpus.read("downloads").to_pylist()
         assert len(earlier) == len(corpus.done("downloads")) == 1
         failed_before = corpus.read("errors").num_rows
-        leftovers = [p for p in (tmp_path / "corpus" / "downloads").iterdir() if p.name.startswith(".")]
+        leftovers = [p for p in (tmp_path / "corpus" / "downloads").rglob(".*")]
         assert leftovers == []
         # With space (or rights) back, the rerun finishes exactly what was left.
         again = run_stage(download.STAGE, ctx, batch_size=1)
@@ -212,7 +208,8 @@ def test_dask_worker_killed_mid_task_build_completes(demo_corpus, tmp_path, pref
             "transcribe": {"prefer": ["manual"]},
             "features": {"extractors": [{"name": "resnet34", "fps": 2, "weights": "none"}],
                          "clips_per_commit": 1},
-            "execution": {"batch_size": 1, "retry_backoff_s": 0},
+            # One video per partition, both partitions in flight: each worker featurizes one.
+            "execution": {"batch_size": 1, "retry_backoff_s": 0, "partitions": 2},
         })
         root = tmp_path / "corpus"
         result: dict = {}
@@ -224,7 +221,7 @@ def test_dask_worker_killed_mid_task_build_completes(demo_corpus, tmp_path, pref
         features = root / "features" / "resnet34"
         deadline = time.monotonic() + 300
         while build.is_alive() and time.monotonic() < deadline:
-            if features.exists() and any(p.suffix == ".parquet" for p in features.iterdir()):
+            if features.exists() and any(features.rglob("*.parquet")):
                 os.killpg(workers["victim"].pid, signal.SIGKILL)
                 count.add("tried")
                 break

@@ -48,9 +48,8 @@ def _snapshot(root: Path) -> dict[str, list[dict]]:
 def _wait_for_files(directory: Path, n: int, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if directory.exists() and len([p for p in directory.iterdir()
-                                       if p.name.endswith(".parquet")
-                                       and not p.name.startswith(".")]) >= n:
+        if directory.exists() and len([p for p in directory.glob("partition=*/*.parquet")
+                                       if not p.name.startswith(".")]) >= n:
             return
         if proc.poll() is not None:
             pytest.fail("the run ended before it could be killed")
@@ -76,7 +75,7 @@ def test_sigkill_mid_stage_then_rerun_equals_clean_run(tmp_path, table, batches)
     assert _snapshot(killed) == _snapshot(clean)
     assert validate(Corpus(str(killed))) == []
     for directory in (killed / "downloads", killed / "segments", killed / "errors"):
-        assert not [p for p in directory.iterdir() if p.name.startswith(".tmp-")]
+        assert not [p for p in directory.rglob(".tmp-*")]
 
 
 def test_snapshot_sees_differences(tmp_path):
@@ -87,5 +86,5 @@ def test_snapshot_sees_differences(tmp_path):
     corpus = Corpus(str(root))
     data = corpus.read("segments").slice(0, 1)
     text = data.set_column(data.schema.get_field_index("text"), "text", pa.array(["changed"]))
-    corpus.write_batch("segments", text, "extra", done={})
+    corpus.write_batch("segments", text, "extra", corpus.labels()[0], done=[])
     assert _snapshot(root) != before
