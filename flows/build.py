@@ -16,7 +16,6 @@ limit, so the limit holds across workers and across builds.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,10 +30,10 @@ from prefect.client.orchestration import get_client
 from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture, as_completed
-from prefect.logging.handlers import APILogWorker
-from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
+
+from flows.services import build_services
 
 from pipeline import limits, retention
 from pipeline.config import Config, config_hash, dump_config, load_config
@@ -282,49 +281,6 @@ def _root(cfg: Config, root: str | None) -> str:
     return chosen
 
 
-def task_runner(cfg: Config, root: str, dask_address: str | None = None) -> DaskTaskRunner:
-    """A runner on the given Dask cluster, else a local one sized by the config."""
-    # The environment variable lets a deployment's workers point every build at their cluster.
-    address = dask_address or cfg.execution.dask_address or os.environ.get("VLCORPUS_DASK_ADDRESS")
-    if address:
-        return DaskTaskRunner(address=address)
-    # An in-memory root is only visible inside this process: use threads, not processes.
-    in_memory = root.startswith("memory://")
-    return DaskTaskRunner(
-        cluster_kwargs={
-            "n_workers": cfg.execution.n_workers or 2,
-            "threads_per_worker": cfg.execution.threads_per_worker,
-            "processes": not in_memory,
-            "dashboard_address": None,
-        }
-    )
-
-
-@contextmanager
-def prefect_api() -> Iterator[None]:
-    """Prefect's temporary local server when no API is configured, started once and shared
-    with the Dask worker processes (which inherit the environment), so that each worker does
-    not start a server of its own."""
-    if PREFECT_API_URL.value():
-        yield
-        return
-    from prefect.server.api.server import SubprocessASGIServer
-
-    # The server would otherwise try to reach Prefect's telemetry endpoint on every start.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    server = SubprocessASGIServer()
-    server.start()
-    os.environ["PREFECT_API_URL"] = server.api_url
-    try:
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
-            yield
-    finally:
-        # Send the run's last logs while the server is still there to take them.
-        APILogWorker.drain_all()
-        os.environ.pop("PREFECT_API_URL", None)
-        server.stop()
-
-
 def run_build(
     config: str | Path | Config,
     root: str | None = None,
@@ -337,8 +293,8 @@ def run_build(
     on the chosen Dask task runner; returns the corpus summary with the stages' reports."""
     cfg = resolve_config(config)
     chosen = _root(cfg, root)
-    runner = task_runner(cfg, chosen, dask_address)
-    with prefect_api():
+    with build_services(cfg, chosen, dask_address) as address:
+        runner = DaskTaskRunner(address=address)
         if stage is None:
             return build_corpus.with_options(task_runner=runner)(cfg, root=chosen, until=until,
                                                                  retry_failed=retry_failed)

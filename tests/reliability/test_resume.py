@@ -86,5 +86,6 @@ def test_snapshot_sees_differences(tmp_path):
     corpus = Corpus(str(root))
     data = corpus.read("segments").slice(0, 1)
     text = data.set_column(data.schema.get_field_index("text"), "text", pa.array(["changed"]))
-    corpus.write_batch("segments", text, "extra", corpus.labels()[0], done=[])
+    video = text.column("video_id")[0].as_py()
+    corpus.write_batch("segments", text, "extra", corpus.partition_of(video), done=[video])
     assert _snapshot(root) != before
