@@ -30,6 +30,7 @@ from prefect_dask import DaskTaskRunner
 from pipeline.config import Config, config_hash, dump_config, load_config
 from pipeline.runner import BatchReport, Item, plan, run_batch
 from pipeline import limits
+from pipeline.rootlock import root_lock
 from pipeline.stages import ORDER, Step, check_name, context, parts, stages_until
 from pipeline.storage import Corpus
 from pipeline.summary import summarize
@@ -246,7 +247,7 @@ def run_build(
     cfg = resolve_config(config)
     chosen = _root(cfg, root)
     runner = task_runner(cfg, chosen, dask_address)
-    with prefect_api():
+    with root_lock(chosen, **_lock_owner()), prefect_api():
         if stage is None:
             return build_corpus.with_options(task_runner=runner)(cfg, root=chosen, until=until,
                                                                  retry_failed=retry_failed)
@@ -255,6 +256,15 @@ def run_build(
     summary = summarize(Corpus(chosen))
     summary["stages"] = reports
     return summary
+
+
+def _lock_owner() -> dict[str, Any]:
+    """Who takes the root lock and where its messages go: the deployment's flow run (whose log
+    the server keeps) or the command line."""
+    run = FlowRunContext.get()
+    if run is None:
+        return {"label": "vlcorpus build"}
+    return {"label": f"flow run {run.flow_run.name!r}", "logger": get_run_logger()}
 
 
 @flow(name="rebuild_corpus", persist_result=False)
