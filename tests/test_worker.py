@@ -337,7 +337,7 @@ def test_overlapping_builds_of_one_root_never_interleave(stack, tmp_path):
 
     # Two runs of one deployment: the second waits for the first's slot.
     root = tmp_path / "twice"
-    ids = [stack.trigger(f"root={root}", "until=download") for _ in range(2)]
+    ids = [stack.trigger(f"root={root}", "until=discover") for _ in range(2)]
     runs = [_wait_final(run_id, stack) for run_id in ids]
     for run in runs:
         _completed(run, stack)
