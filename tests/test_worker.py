@@ -7,10 +7,12 @@ commands work against the server. Each test ends by checking that the server log
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -101,16 +103,20 @@ def _wait_up(url: str, proc: subprocess.Popen, log: Path, seconds: float = 180) 
                 return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"prefect server did not come up:\n{log.read_text()[-3000:]}")
+                raise AssertionError(f"prefect server did not come up:\n{log.read_text()[-3000:]}") from None
             time.sleep(0.5)
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
+    """Stop ``proc`` and what it started (its session: the server's uvicorn, the worker's flow
+    runs)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
 
 
