@@ -2,8 +2,8 @@
 start`, `vlcorpus deploy`, `prefect worker start --pool vlcorpus`, `prefect deployment run`.
 The `rebuild` deployment builds a generated site and resumes with nothing redone, a schedule
 fires by itself, overlapping builds of one root never interleave, and Prefect's own list
-commands work against the server. Each test ends by checking that the server logged no error
-(its scheduler fails there, and only there, on an unsupported SQLAlchemy)."""
+commands work against the server. Each test ends by checking that the server's scheduler
+logged no error (with SQLAlchemy 2.1 it fails on every pass, and says so only there)."""
 
 from __future__ import annotations
 
@@ -80,9 +80,11 @@ class Stack:
         return subprocess.run([str(BIN / argv[0]), *argv[1:]], cwd=ROOT, env=self.env,
                               capture_output=True, text=True, timeout=timeout)
 
-    def server_errors(self) -> list[str]:
-        return [line for line in self.server_log.read_text().splitlines()
-                if "| ERROR" in line or "Traceback" in line]
+    def scheduler_errors(self) -> list[str]:
+        """The errors the server logged while scheduling runs (each with its traceback)."""
+        records = re.split(r"\n(?=\d\d:\d\d:\d\d\.\d+ \| )", self.server_log.read_text())
+        return [record for record in records
+                if "| ERROR" in record.split("\n", 1)[0] and "schedul" in record.lower()]
 
     def trigger(self, *parameters: str) -> UUID:
         """`prefect deployment run rebuild_corpus/rebuild -p config=...` plus ``parameters``;
@@ -131,6 +133,8 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(base / "prefect-home"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_API_PORT": str(port),
            "PREFECT_API_URL": api_url, "PREFECT_WORKER_QUERY_SECONDS": "2",
+           # On two busy cores SQLite's write lock can be held past the default 10 s.
+           "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
            # Rich tables as wide as the names they list.
            "COLUMNS": "250"}
     server_log, worker_log = base / "server.log", base / "worker.log"
@@ -174,9 +178,19 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
 
 @pytest.fixture(autouse=True)
 def _api(request, monkeypatch):
-    """This process (and the Dask workers it starts) talk to the stack's server."""
-    if "stack" in request.fixturenames:
-        monkeypatch.setenv("PREFECT_API_URL", request.getfixturevalue("stack").api_url)
+    """This process talks to the stack's server, and so do the Dask workers it starts (through
+    the environment)."""
+    if "stack" not in request.fixturenames:
+        yield
+        return
+    # Prefect reads the environment once, when first imported: import it before setting the
+    # variable, so that tests after these do not inherit a server that is gone.
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = request.getfixturevalue("stack").api_url
+    monkeypatch.setenv("PREFECT_API_URL", url)
+    with temporary_settings({PREFECT_API_URL: url}):
+        yield
 
 
 def _client():
@@ -275,7 +289,7 @@ def test_rebuild_runs_on_the_worker_then_resumes_with_nothing_redone(stack, tmp_
     assert "rebuild_corpus" in listings["prefect flow-run ls"].stdout
     assert "SCHEDULED" in listings["prefect flow-run ls"].stdout
     assert "vlcorpus-download" in listings["prefect gcl ls"].stdout
-    assert stack.server_errors() == []
+    assert stack.scheduler_errors() == []
 
 
 @pytest.mark.slow
@@ -317,7 +331,7 @@ def test_a_schedule_fires_and_the_worker_runs_it(stack, tmp_path):
     _completed(done[0], stack)
     assert done[0].auto_scheduled
     assert Corpus(str(root)).done("videos")
-    assert stack.server_errors() == []
+    assert stack.scheduler_errors() == []
 
 
 @pytest.mark.slow
@@ -352,4 +366,4 @@ def test_overlapping_builds_of_one_root_never_interleave(stack, tmp_path):
     ordered = sorted(runs, key=lambda run: run.start_time)
     assert ordered[0].end_time <= ordered[1].start_time, [(r.start_time, r.end_time) for r in runs]
     assert any("AwaitingConcurrencySlot" in names for names in states), states
-    assert stack.server_errors() == []
+    assert stack.scheduler_errors() == []
