@@ -38,6 +38,7 @@ from flows.services import build_services
 from pipeline import limits, retention
 from pipeline.config import Config, config_hash, dump_config, load_config
 from pipeline.graph import ORDER, SPECS, check_name, stages_until
+from pipeline.rootlock import root_lock
 from pipeline.runner import StageReport, run_partition, run_step
 from pipeline.shards.stage import listing_report
 from pipeline.stages import context, parts
@@ -293,7 +294,7 @@ def run_build(
     on the chosen Dask task runner; returns the corpus summary with the stages' reports."""
     cfg = resolve_config(config)
     chosen = _root(cfg, root)
-    with build_services(cfg, chosen, dask_address) as address:
+    with root_lock(chosen, **_lock_owner()), build_services(cfg, chosen, dask_address) as address:
         runner = DaskTaskRunner(address=address)
         if stage is None:
             return build_corpus.with_options(task_runner=runner)(cfg, root=chosen, until=until,
@@ -303,6 +304,15 @@ def run_build(
     summary = summarize(Corpus(chosen))
     summary["stages"] = reports
     return summary
+
+
+def _lock_owner() -> dict[str, Any]:
+    """Who takes the root lock and where its messages go: the deployment's flow run (whose log
+    the server keeps) or the command line."""
+    run = FlowRunContext.get()
+    if run is None:
+        return {"label": "vlcorpus build"}
+    return {"label": f"flow run {run.flow_run.name!r}", "logger": get_run_logger()}
 
 
 @flow(name="rebuild_corpus", persist_result=False)

@@ -1,7 +1,13 @@
-"""Register the deployments of ``infra/prefect.yaml`` through Prefect's Python API.
+"""Register the deployments of ``infra/prefect.yaml`` with a Prefect server.
 
-(``prefect deploy`` in Prefect 3.8.8 stops after the first deployment: its check for online
-workers sends a request the server rejects with 422.)
+A process worker starts each flow run in the deployment's ``working_dir``, where relative
+``config`` parameters are read and whose ``flows`` package is imported first; so that directory
+is chosen here (the given one, else where the deployments are registered) and checked before
+anything is registered, rather than failing inside the worker at run time.
+
+Entrypoints are module paths (``flows.build.rebuild_corpus``): Prefect loads a file entrypoint
+(``flows/build.py:...``) as a module named ``build``, and the tasks it sends to a Dask cluster
+then name a module the cluster's workers cannot import.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from typing import Any
 import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.objects import ConcurrencyLimitConfig
+from prefect.deployments.runner import EntrypointType
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Cron
 
@@ -20,22 +28,33 @@ from prefect import Flow
 from flows import build
 
 
-def _working_dir(spec: dict[str, Any]) -> str | None:
-    for step in spec.get("pull") or []:
-        for name, args in step.items():
-            if name.endswith("set_working_directory"):
-                return args["directory"]
-    return None
+class DeployError(ValueError):
+    """A deployments file that workers could not run; the message is one line."""
 
 
 def _entrypoint(name: str, entrypoint: str) -> Flow:
-    """The flow of ``flows/build.py:<flow>``: rebuild_corpus or a stage flow."""
-    path, _, attr = entrypoint.partition(":")
-    found = getattr(build, attr, None) if path == "flows/build.py" else None
+    """The flow of ``flows.build.<flow>``: rebuild_corpus or a stage flow."""
+    module, _, attr = entrypoint.rpartition(".")
+    found = getattr(build, attr, None) if module == build.__name__ else None
     if not isinstance(found, Flow):
-        raise ValueError(f"{name}: unknown entrypoint {entrypoint}; use flows/build.py:rebuild_corpus "
-                         f"or a stage flow such as flows/build.py:download_flow")
+        raise DeployError(f"{name}: unknown entrypoint {entrypoint}; use flows.build.rebuild_corpus "
+                          f"or a stage flow such as flows.build.download_flow")
     return found
+
+
+def check_working_dir(working_dir: Path, deployments: list[dict[str, Any]]) -> Path:
+    """``working_dir`` made absolute, once it holds every deployment's relative config."""
+    hint = ("pass --working-dir (or set VLCORPUS_WORKING_DIR) to the folder that holds the "
+            "repository's flows/ and configs/ where the worker runs, or run vlcorpus deploy there")
+    directory = working_dir.expanduser().resolve()
+    if not directory.is_dir():
+        raise DeployError(f"working directory {directory} does not exist; {hint}")
+    for item in deployments:
+        config = (item.get("parameters") or {}).get("config")
+        if config and "://" not in config and not (directory / config).is_file():
+            raise DeployError(f"{item['name']}: config {config} not found in working directory "
+                              f"{directory}; {hint}")
+    return directory
 
 
 def ensure_pool(name: str) -> bool:
@@ -48,13 +67,21 @@ def ensure_pool(name: str) -> bool:
     return True
 
 
-def deploy(file: Path, pool: str | None = None) -> list[str]:
-    """Apply every deployment of ``file``; returns their ids."""
+def _concurrency(item: dict[str, Any]) -> ConcurrencyLimitConfig | None:
+    limit = item.get("concurrency_limit")
+    if limit is None:
+        return None
+    return ConcurrencyLimitConfig.model_validate(limit if isinstance(limit, dict) else {"limit": limit})
+
+
+def deploy(file: Path, working_dir: Path, pool: str | None = None) -> tuple[list[str], Path]:
+    """Apply every deployment of ``file``, run by workers in ``working_dir``; returns their ids
+    and the checked working directory."""
     spec = yaml.safe_load(file.read_text())
-    working_dir = _working_dir(spec)
+    directory = check_working_dir(working_dir, spec["deployments"])
+    flows = [_entrypoint(item["name"], item["entrypoint"]) for item in spec["deployments"]]
     ids = []
-    for item in spec["deployments"]:
-        flow_fn = _entrypoint(item["name"], item["entrypoint"])
+    for item, flow_fn in zip(spec["deployments"], flows):
         pool_name = pool or item["work_pool"]["name"]
         ensure_pool(pool_name)
         deployment = flow_fn.to_deployment(
@@ -63,8 +90,12 @@ def deploy(file: Path, pool: str | None = None) -> list[str]:
             parameters=item.get("parameters") or {},
             schedules=[Cron(s["cron"], timezone=s.get("timezone", "UTC"))
                        for s in item.get("schedules") or []],
+            concurrency_limit=_concurrency(item),
             work_pool_name=pool_name,
-            job_variables={"working_dir": working_dir} if working_dir else None,
+            job_variables={"working_dir": str(directory)},
+            entrypoint_type=EntrypointType.MODULE_PATH,
         )
+        # Prefect names a module path after the flow's function, which stage flows share.
+        deployment.entrypoint = item["entrypoint"]
         ids.append(str(deployment.apply()))
-    return ids
+    return ids, directory

@@ -255,13 +255,23 @@ def deploy(
                                        dir_okay=False)] = Path("infra/prefect.yaml"),
     pool: Annotated[str | None, typer.Option(help="Work pool for all of them (default: each "
                                                   "deployment's own).")] = None,
+    working_dir: Annotated[Path | None, typer.Option(
+        envvar="VLCORPUS_WORKING_DIR",
+        help="Folder the worker runs the flows in, holding flows/ and configs/ (default: the "
+             "current directory).")] = None,
 ) -> None:
     """Register the deployments of FILE with the Prefect server of PREFECT_API_URL, creating
     their process work pool when it does not exist."""
+    from flows.deploy import DeployError
     from flows.deploy import deploy as apply
 
-    ids = apply(file, pool)
-    console.print(f"registered {len(ids)} deployments from {file}")
+    try:
+        ids, directory = apply(file, working_dir or Path.cwd(), pool)
+    except DeployError as exc:
+        console.print(f"vlcorpus deploy: {exc}", style="red", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print(f"registered {len(ids)} deployments from {file}; workers run them in {directory}",
+                  highlight=False, soft_wrap=True)
 
 
 def _target(target: str, root: str | None) -> tuple[Corpus, Config]:

@@ -1,0 +1,55 @@
+"""`vlcorpus deploy` refuses, in one line and before contacting any server, a working directory
+that workers could not run the deployments in."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _deploy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    # An API address nothing listens on: a check that passed would fail to connect instead.
+    base = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": "http://127.0.0.1:9/api"}
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "deploy", *args], cwd=ROOT,
+                          env={**base, **(env or {})}, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_a_missing_working_directory_is_one_line_at_deploy_time(tmp_path, how):
+    missing = tmp_path / "opt" / "vlcorpus"
+    if how == "option":
+        result = _deploy("--working-dir", str(missing))
+    else:
+        result = _deploy(env={"VLCORPUS_WORKING_DIR": str(missing)})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert lines[0].startswith(f"vlcorpus deploy: working directory {missing} does not exist;")
+    assert "--working-dir" in lines[0]
+
+
+def test_a_working_directory_without_the_configs_is_refused(tmp_path):
+    from flows.deploy import DeployError, deploy
+
+    with pytest.raises(DeployError, match=r"^apartment-tour-weekly: config configs/apartment_tour.yaml "
+                                          rf"not found in working directory {tmp_path};"):
+        deploy(ROOT / "infra" / "prefect.yaml", tmp_path)
+
+
+def test_an_unknown_entrypoint_is_refused(tmp_path):
+    from flows.deploy import DeployError, deploy
+
+    deployments = tmp_path / "deployments.yaml"
+    deployments.write_text(yaml.safe_dump({"deployments": [{
+        "name": "old-style", "entrypoint": "flows/build.py:rebuild_corpus",
+        "parameters": {"config": "configs/demo.yaml"}, "work_pool": {"name": "vlcorpus"}}]}))
+    with pytest.raises(DeployError, match="^old-style: unknown entrypoint flows/build.py:rebuild_corpus; "
+                                          "use flows.build.rebuild_corpus"):
+        deploy(deployments, ROOT)

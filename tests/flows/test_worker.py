@@ -1,0 +1,369 @@
+"""The worker path of infra/README.md with real processes, as a user types it: `prefect server
+start`, `vlcorpus deploy`, `prefect worker start --pool vlcorpus`, `prefect deployment run`.
+The `rebuild` deployment builds a generated site and resumes with nothing redone, a schedule
+fires by itself, overlapping builds of one root never interleave, and Prefect's own list
+commands work against the server. Each test ends by checking that the server's scheduler
+logged no error (with SQLAlchemy 2.1 it fails on every pass, and says so only there)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+import yaml
+
+from conftest import dask_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+README = ROOT / "infra" / "README.md"
+# infra/README.md's "On one machine" block, command by command.
+ONE_MACHINE = [
+    "prefect server start",
+    "export PREFECT_API_URL=http://127.0.0.1:4200/api",
+    "vlcorpus deploy",
+    "prefect worker start --pool vlcorpus",
+    "prefect deployment run rebuild_corpus/rebuild -p config=configs/my.yaml",
+    "prefect flow-run ls",
+]
+ON_A_CLUSTER = ("prefect deployment run rebuild_corpus/rebuild -p config=configs/my.yaml "
+                "-p dask_address=tcp://HOST:8786")
+LISTINGS = ["prefect deployment ls", "prefect work-pool ls", "prefect flow-run ls", "prefect gcl ls"]
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+def _sh_blocks(text: str) -> list[list[str]]:
+    """The commands of each ```sh block, comments dropped."""
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    return [[line.split(" #")[0].strip() for line in block.splitlines() if line.strip()]
+            for block in blocks]
+
+
+def test_readme_shows_the_commands_these_tests_run():
+    blocks = _sh_blocks(README.read_text())
+    assert blocks[0] == ONE_MACHINE
+    assert any(ON_A_CLUSTER in block for block in blocks)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Stack:
+    """A Prefect server and a worker of the `vlcorpus` pool, both started as a user would."""
+
+    api_url: str
+    env: dict[str, str]
+    server_log: Path
+    worker_log: Path
+    config: Path
+
+    def run(self, command: str | list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+        argv = shlex.split(command) if isinstance(command, str) else command
+        return subprocess.run([str(BIN / argv[0]), *argv[1:]], cwd=ROOT, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def scheduler_errors(self) -> list[str]:
+        """The errors the server logged while scheduling runs (each with its traceback)."""
+        records = re.split(r"\n(?=\d\d:\d\d:\d\d\.\d+ \| )", self.server_log.read_text())
+        return [record for record in records
+                if "| ERROR" in record.split("\n", 1)[0] and "schedul" in record.lower()]
+
+    def trigger(self, *parameters: str) -> UUID:
+        """`prefect deployment run rebuild_corpus/rebuild -p config=...` plus ``parameters``;
+        the flow run's id."""
+        command = shlex.split(ONE_MACHINE[4].replace("configs/my.yaml", str(self.config)))
+        for parameter in parameters:
+            command += ["-p", parameter]
+        result = self.run(command)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return UUID(re.search(r"UUID: ([0-9a-f-]{36})", result.stdout).group(1))
+
+
+def _wait_up(url: str, proc: subprocess.Popen, log: Path, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5):
+                return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"prefect server did not come up:\n{log.read_text()[-3000:]}") from None
+            time.sleep(0.5)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop ``proc`` and what it started (its session: the server's uvicorn, the worker's flow
+    runs)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
+    from pipeline.demo import serve_demo
+
+    _, site = demo_corpus
+    base = tmp_path_factory.mktemp("worker")
+    port = _free_port()
+    api_url = ONE_MACHINE[1].split("=", 1)[1].replace("4200", str(port))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(base / "prefect-home"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_API_PORT": str(port),
+           "PREFECT_API_URL": api_url, "PREFECT_WORKER_QUERY_SECONDS": "2",
+           # On two busy cores SQLite's write lock can be held past the default 10 s.
+           "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
+           # Rich tables as wide as the names they list.
+           "COLUMNS": "250"}
+    server_log, worker_log = base / "server.log", base / "worker.log"
+    procs: list[subprocess.Popen] = []
+
+    def start(command: str, log: Path) -> subprocess.Popen:
+        argv = shlex.split(command)
+        server_env = {k: v for k, v in env.items() if k != "PREFECT_API_URL"}
+        with log.open("w") as out:
+            proc = subprocess.Popen([str(BIN / argv[0]), *argv[1:]], cwd=ROOT, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=server_env if argv[1] == "server" else env)
+        procs.append(proc)
+        return proc
+
+    try:
+        server = start(ONE_MACHINE[0], server_log)
+        _wait_up(api_url, server, server_log)
+        with serve_demo(site):
+            urls = base / "urls.txt"
+            shutil.copy(site / "urls.txt", urls)
+            config = base / "worker-test.yaml"
+            config.write_text(yaml.safe_dump({
+                "name": "worker-test",
+                "sources": [{"type": "list", "path": str(urls)}],
+                "download": {"subtitle_langs": ["en", "en-auto"]},
+                "align": {"splits": {"train": 0.5, "val": 0.0, "test": 0.5}},
+                "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"}]},
+                "execution": {"n_workers": 1, "batch_size": 4, "retry_backoff_s": 0},
+            }))
+            stack = Stack(api_url, env, server_log, worker_log, config)
+            deployed = stack.run(ONE_MACHINE[2])
+            assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+            assert f"workers run them in {ROOT}" in deployed.stderr
+            start(ONE_MACHINE[3], worker_log)
+            yield stack
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+
+
+@pytest.fixture(autouse=True)
+def _api(request, monkeypatch):
+    """This process talks to the stack's server, and so do the Dask workers it starts (through
+    the environment)."""
+    if "stack" not in request.fixturenames:
+        yield
+        return
+    # Prefect reads the environment once, when first imported: import it before setting the
+    # variable, so that tests after these do not inherit a server that is gone.
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = request.getfixturevalue("stack").api_url
+    monkeypatch.setenv("PREFECT_API_URL", url)
+    with temporary_settings({PREFECT_API_URL: url}):
+        yield
+
+
+def _client():
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
+def _wait_final(run_id: UUID, stack: Stack, seconds: float = 600):
+    deadline = time.monotonic() + seconds
+    with _client() as client:
+        while True:
+            run = client.read_flow_run(run_id)
+            if run.state and run.state.type.value in FINAL:
+                return run
+            if time.monotonic() > deadline:
+                raise AssertionError(f"flow run {run.name} still {run.state.name}; worker log:\n"
+                                     f"{stack.worker_log.read_text()[-4000:]}")
+            time.sleep(1)
+
+
+def _run_tree(client, run_id: UUID) -> list:
+    """The flow run and its subflow runs, all levels down."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    runs, frontier = [client.read_flow_run(run_id)], [run_id]
+    while frontier:
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)), limit=200)
+        runs += children
+        frontier = [child.id for child in children]
+    return runs
+
+
+def _logs(run_id: UUID) -> list[str]:
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    messages: list[str] = []
+    with _client() as client:
+        ids = [run.id for run in _run_tree(client, run_id)]
+        while True:  # the server gives at most 200 a page
+            page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)),
+                                    limit=200, offset=len(messages), sort=LogSort.TIMESTAMP_ASC)
+            messages += [log.message for log in page]
+            if len(page) < 200:
+                return messages
+
+
+def _completed(run, stack: Stack) -> None:
+    assert run.state.is_completed(), (f"{run.name}: {run.state.name} {run.state.message}\n"
+                                      f"{stack.worker_log.read_text()[-4000:]}")
+
+
+def _table_files(root: Path) -> dict[str, int]:
+    """Every committed table file and shard, with its modification time."""
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns
+            for p in root.rglob("*") if p.suffix in (".parquet", ".tar")}
+
+
+@pytest.mark.slow
+def test_rebuild_runs_on_the_worker_then_resumes_with_nothing_redone(stack, tmp_path):
+    from pipeline.storage import Corpus
+
+    root = tmp_path / "corpus"
+    first = _wait_final(stack.trigger(f"root={root}"), stack)
+    _completed(first, stack)
+    corpus = Corpus(str(root))
+    assert {"videos", "downloads", "segments", "clips", "features/resnet34", "errors"} <= set(corpus.tables())
+    assert (root / "shards" / "parquet" / "index.json").exists()
+    assert (root / "report" / "report.html").exists()
+    built = _table_files(root)
+    assert any(name.startswith("clips/") for name in built)
+
+    # The same deployment on an existing Dask cluster, as infra/README.md shows.
+    with dask_cluster(tmp_path, [("cpu", [])]) as (address, _):
+        command = ON_A_CLUSTER.replace("configs/my.yaml", str(stack.config)).replace(
+            "tcp://HOST:8786", address)
+        result = stack.run(f"{command} -p root={root}")
+        assert result.returncode == 0, result.stderr
+        run_id = UUID(re.search(r"UUID: ([0-9a-f-]{36})", result.stdout).group(1))
+        second = _wait_final(run_id, stack)
+    _completed(second, stack)
+    plans = [m for m in _logs(second.id) if "batches to run" in m]
+    assert {m.split(":")[0] for m in plans} == {"download", "transcribe", "align", "featurize"}, plans
+    assert all(m.endswith(" 0 batches to run") for m in plans), plans
+    assert any(m.startswith("download: ") and " 0 done before" not in m for m in plans), plans
+    assert _table_files(root) == built
+
+    listings = {command: stack.run(command, timeout=120) for command in LISTINGS}
+    for command, result in listings.items():
+        assert result.returncode == 0, (command, result.stdout + result.stderr)
+    assert "rebuild_corpus/rebuild" in listings["prefect deployment ls"].stdout
+    assert "vlcorpus" in listings["prefect work-pool ls"].stdout
+    # Newest expected start first: the runs the scheduler queued for the weekly deployments.
+    assert "rebuild_corpus" in listings["prefect flow-run ls"].stdout
+    assert "SCHEDULED" in listings["prefect flow-run ls"].stdout
+    assert "vlcorpus-download" in listings["prefect gcl ls"].stdout
+    assert stack.scheduler_errors() == []
+
+
+@pytest.mark.slow
+def test_a_schedule_fires_and_the_worker_runs_it(stack, tmp_path):
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter
+    from prefect.client.schemas.filters import FlowRunFilterDeploymentId
+
+    from pipeline.storage import Corpus
+
+    root = tmp_path / "scheduled"
+    deployments = tmp_path / "scheduled.yaml"
+    deployments.write_text(yaml.safe_dump({"deployments": [{
+        "name": "every-minute",
+        "entrypoint": "flows.build.rebuild_corpus",
+        "parameters": {"config": str(stack.config), "root": str(root), "until": "discover"},
+        "schedules": [{"cron": "* * * * *", "timezone": "UTC"}],
+        "work_pool": {"name": "vlcorpus"},
+        "concurrency_limit": {"limit": 1, "collision_strategy": "ENQUEUE"},
+    }]}))
+    result = stack.run(f"vlcorpus deploy --file {deployments}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    with _client() as client:
+        (deployment,) = client.read_deployments(deployment_filter=DeploymentFilter(
+            name=DeploymentFilterName(any_=["every-minute"])))
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                    deployment_id=FlowRunFilterDeploymentId(any_=[deployment.id])))
+                done = [run for run in runs if run.state and run.state.type.value in FINAL]
+                if done:
+                    break
+                assert time.monotonic() < deadline, (
+                    f"no scheduled run finished: {[(r.name, r.state_name) for r in runs]}\n"
+                    f"{stack.server_log.read_text()[-3000:]}")
+                time.sleep(2)
+        finally:
+            client.delete_deployment(deployment.id)
+    _completed(done[0], stack)
+    assert done[0].auto_scheduled
+    assert Corpus(str(root)).done("videos")
+    assert stack.scheduler_errors() == []
+
+
+@pytest.mark.slow
+def test_overlapping_builds_of_one_root_never_interleave(stack, tmp_path):
+    from pipeline.rootlock import root_lock
+    from pipeline.storage import Corpus
+
+    # A build that another deployment (or `vlcorpus build`) runs on the root holds its lock.
+    root = tmp_path / "locked"
+    with root_lock(str(root), "the other build"):
+        run_id = stack.trigger(f"root={root}", "until=discover")
+        deadline = time.monotonic() + 300
+        while not any("is being built by the other build" in m for m in _logs(run_id)):
+            assert time.monotonic() < deadline, stack.worker_log.read_text()[-4000:]
+            time.sleep(1)
+        with _client() as client:
+            assert client.read_flow_run(run_id).state.is_running()
+        assert not Corpus(str(root)).table_files("videos")
+    waited = _wait_final(run_id, stack)
+    _completed(waited, stack)
+    assert any("lock taken after waiting" in m for m in _logs(run_id))
+    assert Corpus(str(root)).done("videos")
+
+    # Two runs of one deployment: the second waits for the first's slot.
+    root = tmp_path / "twice"
+    ids = [stack.trigger(f"root={root}", "until=discover") for _ in range(2)]
+    runs = [_wait_final(run_id, stack) for run_id in ids]
+    for run in runs:
+        _completed(run, stack)
+    with _client() as client:
+        states = [[state.name for state in client.read_flow_run_states(run.id)] for run in runs]
+    ordered = sorted(runs, key=lambda run: run.start_time)
+    assert ordered[0].end_time <= ordered[1].start_time, [(r.start_time, r.end_time) for r in runs]
+    assert any("AwaitingConcurrencySlot" in names for names in states), states
+    assert stack.scheduler_errors() == []
