@@ -26,9 +26,8 @@ from uuid import UUID
 import pytest
 import yaml
 
-from conftest import dask_cluster
+from conftest import ROOT, dask_cluster
 
-ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 README = ROOT / "infra" / "README.md"
 # infra/README.md's "On one machine" block, command by command.
