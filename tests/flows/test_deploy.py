@@ -6,12 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
 
 
 def _deploy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
