@@ -199,3 +199,22 @@ def test_evaluate_from_checkpoint(tmp_path):
     assert again["t2v"] == pytest.approx(result["t2v"])
     with pytest.raises(FileNotFoundError):
         evaluate(tmp_path / "nothing", PAIRS)
+
+
+def test_protocol_comes_from_the_config_not_the_test_size():
+    """1000 test pairs: "fixed" scores them as one set (WAL's 100, Torabi's 1000), "subsets"
+    averages S-MiT's 5 random sets of 1000; fewer than 1000 under "subsets" says so."""
+    from pipeline.train.evaluation import evaluate_model
+    from pipeline.train.models import build_model
+
+    rng = np.random.default_rng(0)
+    n = 1000
+    pairs = PairSet([f"p{i}" for i in range(n)], [f"g{i}" for i in range(n)], ["test"] * n,
+                    list(rng.normal(size=(n, 6))), list(rng.normal(size=(n, 5))))
+    model = build_model(cfg("max_margin"), 6, 5)
+    fixed = evaluate_model(model, pairs, torch.device("cpu"), protocol="fixed")
+    subsets = evaluate_model(model, pairs, torch.device("cpu"), protocol="subsets")
+    assert fixed["protocol"] == "fixed_1000" and subsets["protocol"] == "subsets_5x1000"
+    assert fixed["t2v"] == pytest.approx(subsets["t2v"])  # 5 draws of all 1000 pairs: the same set
+    small = evaluate_model(model, pairs.subset(range(100)), torch.device("cpu"), protocol="subsets")
+    assert small["protocol"] == "fixed_100" and "needs 1000 test pairs" in small["protocol_note"]
