@@ -45,7 +45,7 @@ def _margin_ce(sim: torch.Tensor, row_margin: torch.Tensor, col_margin: torch.Te
 
 
 def nce(sim: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Symmetric InfoNCE over a [B, B] similarity matrix, diagonal positives (S-MiT "NCE"):
+    """Symmetric InfoNCE over a [B, B] similarity matrix, diagonal positives (S-MiT 2.3.1 "NCE", eq. 1):
 
         L = 1/2 [ 1/B Σ_i -log( e^{S_ii/τ} / Σ_j e^{S_ij/τ} )
                 + 1/B Σ_j -log( e^{S_jj/τ} / Σ_i e^{S_ij/τ} ) ]
@@ -58,7 +58,7 @@ def nce(sim: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
 
 
 def mms(sim: torch.Tensor, margin: float, temperature: float = 1.0) -> torch.Tensor:
-    """Max-margin softmax (S-MiT "MMS"): NCE with the positive logit S_ii replaced by S_ii - m,
+    """Max-margin softmax (S-MiT "MMS", eq. 2): NCE with the positive logit S_ii replaced by S_ii - m,
 
         L = 1/2 [ 1/B Σ_i -log( e^{(S_ii-m)/τ} / (e^{(S_ii-m)/τ} + Σ_{j≠i} e^{S_ij/τ}) ) + (columns) ]
 
@@ -87,7 +87,7 @@ class MarginSchedule:
 
 
 def amm(sim: torch.Tensor, alpha: float = 0.5, temperature: float = 1.0, detach: bool = True) -> torch.Tensor:
-    """Adaptive mean margin (S-MiT "AMM"): MMS with a per-query margin
+    """Adaptive mean margin (S-MiT 4.3 "AMM", eq. 3): MMS with a per-query margin
 
         rows (text i):     m_i = α · mean_{j≠i}(S_ii - S_ij)
         columns (video j): m_j = α · mean_{i≠j}(S_jj - S_ij)
@@ -179,7 +179,7 @@ def order_embed(x: torch.Tensor) -> torch.Tensor:
 
 
 def order_violation(video: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-    """Order-violation similarity of Torabi et al., on `order_embed`-ed inputs:
+    """Order-violation similarity of Torabi et al. (appendix B.2, eq. 3), on `order_embed`-ed inputs:
 
         S(c, v) = -‖max(0, c - v)‖²
 
@@ -192,7 +192,8 @@ def order_violation(video: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
 
 def order_ranking(video: torch.Tensor, text: torch.Tensor, margin: float = 0.05,
                   direction: Direction = "v2t") -> torch.Tensor:
-    """Torabi et al.'s ranking loss on the order-violation similarity, Σ over contrastive items:
+    """Torabi et al.'s ranking loss on the order-violation similarity (appendix B.2: eq. 5, annotation
+    ranking; eq. 4, pairwise), Σ over contrastive items:
 
         L = 1/B Σ_i Σ_{j≠i} max(0, α - S(c_i, v_i) + S(c_j, v_i))          (direction="v2t")
 
@@ -242,7 +243,7 @@ def _mil_nce(x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Te
 
 def milnce(video: torch.Tensor, text: torch.Tensor, mask: torch.Tensor | None = None,
            temperature: float = 1.0) -> torch.Tensor:
-    """MIL-NCE (Miech et al.): the K candidate narrations of a clip are all positives,
+    """MIL-NCE (Miech et al., eq. 1; P_i as in 4.1): the K candidate narrations of a clip are all positives,
 
         L = 1/B Σ_i -log( Σ_{k∈P_i} e^{x_iik} / (Σ_{k∈P_i} e^{x_iik} + Σ_{(x',y')∈N_i} e^{f(x')ᵀg(y')}) )
 
@@ -260,7 +261,7 @@ def milnce(video: torch.Tensor, text: torch.Tensor, mask: torch.Tensor | None = 
 
 def max_nce(video: torch.Tensor, text: torch.Tensor, mask: torch.Tensor | None = None,
             temperature: float = 1.0) -> torch.Tensor:
-    """Max+NCE baseline of MIL-NCE: only the best-scoring valid candidate is the positive,
+    """Max+NCE baseline of MIL-NCE (appendix A, eqs. 5-6): only the best-scoring valid candidate is the positive,
 
         pos_i = max_{k∈P_i} x_iik,   L = 1/B Σ_i -log( e^{pos_i} / (e^{pos_i} + Σ_{N_i} e^{·}) )
 
@@ -298,7 +299,7 @@ def attn_nce(video: torch.Tensor, text: torch.Tensor, attention: torch.Tensor, m
 
 def wal_lvc_bce(scores: torch.Tensor, labels: torch.Tensor,
                 reduction: Literal["mean", "none"] = "mean") -> torch.Tensor:
-    """WAL's LVC loss: binary cross-entropy on the classifier output F_LVC(sᵀv) (logits),
+    """WAL's LVC loss (2.3, eq. 1): binary cross-entropy on the classifier output F_LVC(sᵀv) (logits),
 
         L = -[ y log σ(F) + (1 - y) log(1 - σ(F)) ]
 
@@ -310,7 +311,7 @@ def wal_lvc_bce(scores: torch.Tensor, labels: torch.Tensor,
 
 def wal_adv_pair(lvc_scores: torch.Tensor, adv_scores: torch.Tensor, labels: torch.Tensor,
                  z: torch.Tensor) -> torch.Tensor:
-    """WAL-att-adv per-pair loss, averaged: (1 - z)·L_LVC + z·L_ADV with L_ADV = BCE(F_ADV, y=0).
+    """WAL-att-adv per-pair loss (2.3), averaged: (1 - z)·L_LVC + z·L_ADV with L_ADV = BCE(F_ADV, y=0).
 
     z [B] is the discriminator's draw (a hard straight-through Gumbel sample, 1 = sent to the
     background vectors) with P(z=1) = σ(adv_scores) (`models.WALDiscriminator`): L_ADV is then
