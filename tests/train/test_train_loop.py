@@ -218,3 +218,39 @@ def test_protocol_comes_from_the_config_not_the_test_size():
     assert fixed["t2v"] == pytest.approx(subsets["t2v"])  # 5 draws of all 1000 pairs: the same set
     small = evaluate_model(model, pairs.subset(range(100)), torch.device("cpu"), protocol="subsets")
     assert small["protocol"] == "fixed_100" and "needs 1000 test pairs" in small["protocol_note"]
+
+
+def test_cli_eval_on_flag(tmp_path):
+    """`vlcorpus train` on a corpus without a test split exits 2 naming --eval-on; with
+    --eval-on all it trains and metrics.json says split: all."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from pipeline.storage import Corpus
+
+    root = tmp_path / "root"
+    corpus = Corpus(str(root))
+    rng = np.random.default_rng(0)
+    clips, visual, text = [], [], []
+    for i in range(40):
+        cid = f"syn-v{i:02d}-0-3000"
+        clips.append({"clip_id": cid, "video_id": f"syn-v{i:02d}", "start_s": 0.0, "end_s": 3.0, "text": f"s{i}",
+                      "source": "manual", "policy": "fixed", "split": "train"})
+        visual.append({"clip_id": cid, "extractor": "resnet34", "weights": "none", "shape": [8],
+                       "values": rng.normal(size=8).astype("float16")})
+        text.append({"clip_id": cid, "extractor": "text:x", "weights": "none", "shape": [6],
+                     "values": rng.normal(size=6).astype("float16")})
+    corpus.write_batch("clips", clips, "syn", done={c["video_id"]: 1 for c in clips})
+    corpus.write_batch("features/resnet34", visual, "syn", done={r["clip_id"]: 1 for r in visual})
+    corpus.write_batch("features/text_x", text, "syn", done={r["clip_id"]: 1 for r in text})
+    config = tmp_path / "c.yaml"
+    config.write_text(f"name: syn\nroot: {root}\nsources:\n  - type: urls\n    urls: [http://127.0.0.1/x]\n"
+                      "features:\n  extractors:\n    - {name: resnet34, weights: none}\n    - {name: 'text:x'}\n"
+                      "train: {model: nce, visual: resnet34, text: 'text:x', epochs: 1, batch_size: 16,\n"
+                      "        embed_dim: 8, finetune: false}\n")
+    runner = CliRunner()
+    refused = runner.invoke(app, ["train", str(config), "--device", "cpu"])
+    assert refused.exit_code == 2 and "--eval-on all" in refused.output.replace("\n", " ")
+    done = runner.invoke(app, ["train", str(config), "--device", "cpu", "--eval-on", "all"])
+    assert done.exit_code == 0, done.output
+    assert json.loads((root / "train" / "nce" / "metrics.json").read_text())["split"] == "all"
