@@ -32,6 +32,16 @@ def synth_pairs(n=200, groups=40, seed=0, dv=32, dt=24, latent=8, val_groups=0) 
     return PairSet(ids, gs, splits, vis, txt, cands)
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The models here are tiny: one thread runs them fastest and leaves the other core to the
+    rest of the suite (CPU results match at equal thread counts)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 PAIRS = synth_pairs()
 SMIT_FAST = {"finetune": False, "select": "last"}
 FAST = {
