@@ -303,6 +303,9 @@ Pairs = Annotated[str | None, typer.Option(help="An external pairs file (parquet
                                                  "the corpus's features; see README.")]
 Shards = Annotated[str | None, typer.Option(help="Read features from shards (a WebDataset or "
                                                   "Parquet shard folder) instead of the tables.")]
+EvalOn = Annotated[str, typer.Option("--eval-on", help="test: the test split (an error when there is "
+                                     "none); all: every pair, training pairs included, recorded as "
+                                     "split: all in metrics.json.")]
 
 
 @app.command()
@@ -315,12 +318,13 @@ def train(
     resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint.")] = True,
     pairs: Pairs = None,
     shards: Shards = None,
+    eval_on: EvalOn = "test",
 ) -> None:
     """Train the config's retrieval model on a corpus's features; prints metrics.json."""
     from pipeline.train.run import train_corpus
 
     metrics = _on_target(target, root, lambda corpus, cfg: train_corpus(
-        corpus, cfg, out, device=device, resume=resume, pairs_file=pairs, shards=shards))
+        corpus, cfg, out, device=device, resume=resume, pairs_file=pairs, shards=shards, eval_on=eval_on))
     print(json.dumps({k: v for k, v in metrics.items() if k != "curve"}, default=str))
 
 
@@ -333,12 +337,13 @@ def evaluate(
     device: Device = "auto",
     pairs: Pairs = None,
     shards: Shards = None,
+    eval_on: EvalOn = "test",
 ) -> None:
     """Evaluate a trained retrieval model on the test split; prints its metrics."""
     from pipeline.train.run import evaluate_corpus
 
     metrics = _on_target(target, root, lambda corpus, cfg: evaluate_corpus(
-        corpus, cfg, checkpoint, device=device, pairs_file=pairs, shards=shards))
+        corpus, cfg, checkpoint, device=device, pairs_file=pairs, shards=shards, eval_on=eval_on))
     print(json.dumps(metrics, default=str))
 
 

@@ -77,8 +77,8 @@ class Config(BaseModel):
         extractors = {e.name: e for e in self.features.extractors}
         listed = ", ".join(extractors) or "(none)"
         problems: Found = []
-        for key in ("visual", "text"):
-            name = getattr(train, key)
+        named = [("visual", name) for name in train.visual_names] + [("text", train.text)]
+        for key, name in named:
             extractor = extractors.get(name)
             if extractor is None:
                 problems.append(

@@ -9,7 +9,9 @@ with an exact key match. Three extractors share one checkpoint read:
 - ``s3d_howto100m:mixed_5c``: [1024] per clip, the pooled Mixed_5c features the authors
   recommend for classification;
 - ``text:s3d_howto100m``: [512] per sentence (``text_embedding``), comparable to the video
-  embedding by dot product.
+  embedding by dot product; with ``keep_tokens``, the tower's input instead: [K, 300] word2vec
+  vectors of the sentence's K known words (the GoogleNews vectors, kept fixed in training,
+  MIL-NCE appendix B), for a text tower trained from scratch as in the paper.
 
 Video input is RGB in [0, 1], no mean/std, 32 frames at 10 fps by default, 200-256 px.
 """
@@ -28,7 +30,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
-from pipeline.errors import SetupError
 from pipeline.features.base import TextExtractor, TorchVisualExtractor, autocast_dtype, frame_spec, inference, \
     pick_device
 from pipeline.features.registry import register
@@ -317,17 +318,15 @@ def build_mixed_5c(cfg: ExtractorConfig, frames: FramesConfig, features: Feature
 
 class MilNceTextExtractor(TextExtractor):
     """[512] per sentence from the text tower; dot products with ``s3d_howto100m`` video
-    embeddings are the model's similarity scores."""
+    embeddings are the model's similarity scores. With ``keep_tokens``: [K, 300], the word2vec
+    vectors of the K known words (a sentence with none: the padding vector, one row)."""
 
     def __init__(self, cfg: ExtractorConfig, features: FeaturesConfig) -> None:
-        if cfg.keep_tokens:
-            raise SetupError(f"{cfg.name} has no per-token vectors (it max-pools its word vectors); "
-                             "set keep_tokens to false")
         net, self.weights_id = load_s3dg(cfg.name, cfg.weights)
         self.tokenize = WordTokenizer(None if cfg.weights == "none" else read_words(cfg.weights))
         self.name = cfg.name
-        self.dim = EMBED_DIM
-        self.keep_tokens = False
+        self.keep_tokens = cfg.keep_tokens
+        self.dim = net.text_module.word_embd.embedding_dim if self.keep_tokens else EMBED_DIM
         self.device = pick_device(features.device)
         self.dtype = autocast_dtype(self.device, features.precision)
         assert net.text_module is not None
@@ -336,8 +335,13 @@ class MilNceTextExtractor(TextExtractor):
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         if not texts:
             return []
+        tokens = self.tokenize(texts).to(self.device)
         with inference(self.device, self.dtype):
-            out = self.module(self.tokenize(texts).to(self.device)).float().cpu().numpy()
+            if self.keep_tokens:
+                words = self.module.word_embd(tokens).float().cpu().numpy()
+                counts = (tokens != 0).sum(1).clamp(min=1).tolist()  # known words come first
+                return [w[:n] for w, n in zip(words, counts)]
+            out = self.module(tokens).float().cpu().numpy()
         return list(out)
 
 

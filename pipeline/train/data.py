@@ -2,7 +2,8 @@
 
 A `PairSet` holds, per pair, a visual array ([D] or [T, D] frames, T may vary) and a text array
 ([D] or [K, D] token vectors), the pair's group (its source video), its split and, for MIL-NCE,
-candidate positives (indices of other pairs whose text is also a positive of this clip).
+candidate positives (indices of other pairs whose text is also a positive of this clip); where
+known, the sentence itself and its activity phrases (Torabi et al.'s multiple-choice test).
 
 Loaders: `PairSet.from_corpus` (features tables joined with clips) and `PairSet.from_pairs_file`
 (the external parquet schema, see `PAIRS_SCHEMA`). Batching: `GroupBatchSampler` (in-batch
@@ -35,6 +36,8 @@ PAIRS_SCHEMA = pa.schema([
     pa.field("visual", pa.list_(pa.list_(pa.float32())), nullable=False),
     pa.field("text", pa.list_(pa.list_(pa.float32())), nullable=False),
     pa.field("candidates", pa.list_(pa.string())),
+    pa.field("caption", pa.string()),
+    pa.field("activities", pa.list_(pa.string())),
 ])
 
 
@@ -51,14 +54,18 @@ class PairSet:
     text: list[np.ndarray]
     candidates: list[list[int]] | None = None  # indices into this set, own pair excluded
     meta: dict[str, Any] = field(default_factory=dict)
+    captions: list[str] | None = None  # the sentence of each pair
+    activities: list[list[str]] | None = None  # its activity phrases ("predicate object")
 
     def __post_init__(self) -> None:
         n = len(self.pair_ids)
         for name in ("groups", "splits", "visual", "text"):
             if len(getattr(self, name)) != n:
                 raise PairsError(f"{name}: {len(getattr(self, name))} entries for {n} pairs")
-        if self.candidates is not None and len(self.candidates) != n:
-            raise PairsError(f"candidates: {len(self.candidates)} entries for {n} pairs")
+        for name in ("candidates", "captions", "activities"):
+            values = getattr(self, name)
+            if values is not None and len(values) != n:
+                raise PairsError(f"{name}: {len(values)} entries for {n} pairs")
         self.visual = [np.asarray(v, dtype=np.float32) for v in self.visual]
         self.text = [np.asarray(t, dtype=np.float32) for t in self.text]
         for name in ("visual", "text"):
@@ -95,40 +102,48 @@ class PairSet:
         cands = None
         if self.candidates is not None:
             cands = [[remap[c] for c in self.candidates[i] if c in remap] for i in idx]
+        def pick(values: list | None) -> list | None:
+            return None if values is None else [values[i] for i in idx]
+
         return PairSet([self.pair_ids[i] for i in idx], [self.groups[i] for i in idx],
                        [self.splits[i] for i in idx], [self.visual[i] for i in idx],
-                       [self.text[i] for i in idx], cands, dict(self.meta))
+                       [self.text[i] for i in idx], cands, dict(self.meta), pick(self.captions),
+                       pick(self.activities))
 
     # ------------------------------------------------------------------ loaders
 
     @classmethod
-    def from_corpus(cls, corpus: Any, visual_name: str, text_name: str) -> PairSet:
-        """Clips joined with the features of extractors `visual_name` and `text_name` on
-        clip_id (clips missing either feature are left out)."""
+    def from_corpus(cls, corpus: Any, visual_name: str | Sequence[str], text_name: str) -> PairSet:
+        """Clips joined with the features of extractors `visual_name` (one, or several to
+        concatenate, see `concat_visual`) and `text_name` on clip_id (clips missing any are
+        left out)."""
         clips = corpus.read("clips", columns=["clip_id", "video_id", "text", "split", "candidates"]).to_pylist()
-        feats = {}
-        for role, name in (("visual", visual_name), ("text", text_name)):
+        visual_names = [visual_name] if isinstance(visual_name, str) else list(visual_name)
+        feats = []
+        for role, name in [("visual", n) for n in visual_names] + [("text", text_name)]:
             table = f"features/{feature_key(name)}"
             rows = corpus.read(table, columns=["clip_id", "shape", "values"]).to_pylist()
             if not rows:
                 raise PairsError(f"{corpus.url}: {table} ({role} extractor {name!r}) has no rows; "
                                  f"tables present: {', '.join(corpus.tables()) or '(none)'}")
-            feats[role] = {r["clip_id"]: np.asarray(r["values"], dtype=np.float32).reshape(r["shape"])
-                           for r in rows}
-        return cls._from_clips(clips, feats["visual"], feats["text"],
+            feats.append({r["clip_id"]: np.asarray(r["values"], dtype=np.float32).reshape(r["shape"])
+                          for r in rows})
+        return cls._from_clips(clips, concat_visual(feats[:-1]), feats[-1],
                                {"source": corpus.url, "visual": visual_name, "text": text_name})
 
     @classmethod
-    def from_shards(cls, url: str, visual_name: str, text_name: str) -> PairSet:
+    def from_shards(cls, url: str, visual_name: str | Sequence[str], text_name: str) -> PairSet:
         """The same pairs from a corpus's shards alone (say, copied to a training machine): a
         WebDataset folder (or .tar / brace pattern) or a Parquet shard folder."""
         from pipeline.shards import feature_array, open_parquet, open_webdataset
 
-        keys = {role: feature_key(name) for role, name in (("visual", visual_name), ("text", text_name))}
-        feats: dict[str, dict[str, np.ndarray]] = {"visual": {}, "text": {}}
+        visual_names = [visual_name] if isinstance(visual_name, str) else list(visual_name)
+        roles = [(f"visual{i}", name) for i, name in enumerate(visual_names)] + [("text", text_name)]
+        keys = {role: feature_key(name) for role, name in roles}
+        feats: dict[str, dict[str, np.ndarray]] = {role: {} for role in keys}
         clips = []
         if _is_webdataset(url):
-            for sample in open_webdataset(url, features=[visual_name, text_name]):
+            for sample in open_webdataset(url, features=[name for _, name in roles]):
                 clips.append(sample["json"])
                 for role, key in keys.items():
                     if key in sample["features"]:
@@ -145,10 +160,11 @@ class PairSet:
                 for role, key in keys.items():
                     if row[key] is not None:
                         feats[role][row["clip_id"]] = feature_array(row[key], row[f"{key}_shape"]).astype(np.float32)
-        for role, name in (("visual", visual_name), ("text", text_name)):
+        for role, name in roles:
             if not feats[role]:
-                raise PairsError(f"{url}: no {role} features {name!r} in the shards")
-        return cls._from_clips(clips, feats["visual"], feats["text"],
+                raise PairsError(f"{url}: no {role.rstrip('0123456789')} features {name!r} in the shards")
+        visual = concat_visual([feats[role] for role, _ in roles[:-1]])
+        return cls._from_clips(clips, visual, feats["text"],
                                {"source": url, "visual": visual_name, "text": text_name})
 
     @classmethod
@@ -172,7 +188,7 @@ class PairSet:
         has_cands = any(c.get("candidates") for c in keep)
         return cls([c["clip_id"] for c in keep], [c["video_id"] for c in keep], [c["split"] for c in keep],
                    [visual[c["clip_id"]] for c in keep], [text[c["clip_id"]] for c in keep],
-                   cands if has_cands else None, meta)
+                   cands if has_cands else None, meta, captions=[c["text"] for c in keep])
 
     @classmethod
     def from_pairs_file(cls, path: str | Path) -> PairSet:
@@ -243,8 +259,14 @@ class PairSet:
                     if seen[pid] != i and seen[pid] not in idx:
                         idx.append(seen[pid])
                 cands.append(idx)
+        captions = activities = None
+        if "caption" in names:
+            captions = [c or "" for c in _typed_column(table, "caption", source, pa.types.is_string)]
+        if "activities" in names:
+            activities = [list(a or []) for a in _typed_column(
+                table, "activities", source, lambda t: pa.types.is_list(t) and pa.types.is_string(t.value_type))]
         return cls(cols["pair_id"], cols["group"], cols["split"], arrays["visual"], arrays["text"], cands,
-                   {"source": source})
+                   {"source": source}, captions, activities)
 
     def to_pairs_file(self, path: str | Path) -> None:
         """Write the external pairs schema (the inverse of `from_pairs_file`)."""
@@ -258,7 +280,28 @@ class PairSet:
         if self.candidates is not None:
             data["candidates"] = pa.array([[self.pair_ids[c] for c in cs] for cs in self.candidates],
                                           pa.list_(pa.string()))
+        if self.captions is not None:
+            data["caption"] = pa.array(self.captions, pa.string())
+        if self.activities is not None:
+            data["activities"] = pa.array(self.activities, pa.list_(pa.string()))
         pq.write_table(pa.table(data), path)
+
+
+def _typed_column(table: pa.Table, name: str, source: str, ok: Any) -> list:
+    typ = table.schema.field(name).type
+    if not ok(typ):
+        raise PairsError(f"{source}: column {name!r} has type {typ}; see PAIRS_SCHEMA")
+    return table.column(name).to_pylist()
+
+
+def concat_visual(features: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One visual array per clip from one or several extractors' {clip_id: array}: a single
+    extractor's arrays as they are; several (S-MiT 4.1: ResNet-152 and TSM) each max-pooled over
+    time to [D_i], then concatenated to [Σ D_i], for the clips that have all of them."""
+    if len(features) == 1:
+        return dict(features[0])
+    common = set.intersection(*(set(f) for f in features))
+    return {cid: np.concatenate([np.atleast_2d(f[cid]).max(0) for f in features]) for cid in common}
 
 
 # ---------------------------------------------------------------- sampling
@@ -344,6 +387,15 @@ def sample_frames(n_frames: int, n: int, rng: np.random.Generator) -> np.ndarray
     return np.sort(np.concatenate([np.arange(n_frames), rng.choice(n_frames, n - n_frames, replace=True)]))
 
 
+def sample_window(n_rows: int, window: int, rng: np.random.Generator) -> np.ndarray:
+    """MIL-NCE (4.1): a random window of `window` consecutive feature rows inside the clip (the
+    narration's span); a clip no longer than the window is used whole."""
+    if n_rows <= window:
+        return np.arange(n_rows)
+    start = int(rng.integers(0, n_rows - window + 1))
+    return np.arange(start, start + window)
+
+
 def sample_words(n_words: int, n: int, rng: np.random.Generator, repeat: bool = True) -> np.ndarray:
     """S-MiT: `n` word indices per caption, with repeats when it has fewer (repeat=False: all of
     them, no repeats)."""
@@ -368,10 +420,12 @@ def _pad(arrays: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class BatchOptions:
-    """How `collate` draws a batch: n_frames (N_f, None = every frame), n_words (S-MiT word
+    """How `collate` draws a batch: window (MIL-NCE: a random run of this many consecutive
+    frames first, None = the whole clip), n_frames (N_f, None = every frame), n_words (S-MiT word
     sampling on [K, D] texts, None = every token), wal (balanced positives/negatives),
     candidates (MIL-NCE bags of at most this many texts, own included; 0 = none)."""
 
+    window: int | None = None
     n_frames: int | None = None
     n_words: int | None = None
     word_repeat: bool = True
@@ -403,6 +457,8 @@ def collate(pairs: PairSet, idx: Sequence[int], opts: BatchOptions,
     visual = []
     for i in vis_idx:
         v = pairs.visual[i]
+        if v.ndim == 2 and opts.window is not None:
+            v = v[sample_window(len(v), opts.window, rng)]
         if v.ndim == 2 and opts.n_frames is not None:
             v = v[sample_frames(len(v), opts.n_frames, rng)]
         visual.append(v)
@@ -441,6 +497,14 @@ def _candidate_bags(pairs: PairSet, idx: list[int], size: int) -> dict[str, torc
             real[b, c] = True
     return {"cand": torch.from_numpy(cand), "cand_words": torch.from_numpy(words),
             "cand_mask": torch.from_numpy(real)}
+
+
+def concat_candidates(cand: torch.Tensor, words: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cat+NCE (MIL-NCE 4.3): a clip's candidate narrations as one longer narration, their words
+    one after the other: cand [B, C, K, D] with words [B, C, K] and mask [B, C] -> [B, C·K, D]
+    and its [B, C·K] word mask (words of padded candidates are not words)."""
+    b, c, k, d = cand.shape
+    return cand.reshape(b, c * k, d), (words & mask[:, :, None]).reshape(b, c * k)
 
 
 def full_batches(pairs: PairSet, batch_size: int = 256):

@@ -1,5 +1,6 @@
-"""The training loop: optimiser and schedule per config, seeds, AMP on CUDA, per-epoch
-checkpoints with resume, evaluation on the test split, metrics.json and curve.png."""
+"""The training loop: optimiser and lr schedule per config, seeds, AMP on CUDA, per-epoch
+checkpoints with resume, checkpoint selection on the val split, S-MiT's second phase,
+evaluation on the test split, metrics.json and curve.png."""
 
 from __future__ import annotations
 
@@ -13,13 +14,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.train import losses, metrics
-from pipeline.train.data import BatchOptions, GroupBatchSampler, PairSet, PairsError, collate, epoch_rng, full_batches
-from pipeline.train.models import RetrievalModel, build_model
+from pipeline.train import losses
+from pipeline.train.data import (BatchOptions, GroupBatchSampler, PairSet, PairsError, collate, concat_candidates,
+                                 epoch_rng)
+from pipeline.train.evaluation import (EvalOn, encode_all, evaluate_model, evaluation_pairs, mean_recall,
+                                       similarity_matrix, to_device)
+from pipeline.train.metrics import retrieval_metrics
+from pipeline.train.models import SMIT, RetrievalModel, build_model
+from pipeline.train.schedule import LrSchedule, finetune_schedule, schedule_for
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
+BEST = "best.pt"
 
 
 def seed_everything(seed: int) -> None:
@@ -35,37 +42,40 @@ def pick_device(device: str) -> torch.device:
 
 
 def batch_options(cfg: Any) -> BatchOptions:
+    """How training batches are drawn: the papers' train-time sampling on features (WAL and
+    AsyNCE: N_f = 5 frames; S-MiT: 10 words per caption; MIL-NCE: a random window of
+    `options.window` frames; pixel augmentation needs pixels and is not done on features)."""
     o = cfg.options
     fam = cfg.model
     return BatchOptions(
+        window=o.get("window"),
         n_frames=o.get("n_frames", 5 if fam in ("wal", "asynce") else None),
-        n_words=o.get("n_words", 10 if fam in ("nce", "mms", "amm", "shn") else None),
+        n_words=o.get("n_words", 10 if fam in SMIT else None),
         word_repeat=bool(o.get("word_repeat", True)),
         wal=fam == "wal" and o.get("lvc_loss", "bce") == "bce",
         candidates=int(o.get("candidates", 5)) if fam == "milnce" else 0,
     )
 
 
-def make_optimizer(model: torch.nn.Module, cfg: Any) -> tuple[torch.optim.Optimizer, Any]:
-    params = [p for p in model.parameters()]
+def make_optimizer(model: torch.nn.Module, cfg: Any, lr: float) -> torch.optim.Optimizer:
+    params = list(model.parameters())
     if cfg.optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                              nesterov=bool(cfg.options.get("nesterov", cfg.model == "asynce")))
-    elif cfg.optimizer == "adamw":
-        opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    else:
-        opt = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.StepLR(opt, cfg.lr_step, cfg.lr_gamma) if cfg.lr_step else None
-    return opt, sched
+        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                               nesterov=bool(cfg.options.get("nesterov", cfg.model == "asynce")))
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    return torch.optim.Adam(params, lr=lr, weight_decay=cfg.weight_decay)
 
 
-def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+def discriminator_frozen(model: RetrievalModel, cfg: Any, epoch: int) -> bool:
+    """WAL 5.3: for the first `freeze_epochs` (50) epochs the discriminator channel is fixed and
+    its gradients stopped; the model then trains as WAL-att alone (no z, no L_ADV)."""
+    return model.discriminator is not None and epoch < int(cfg.options.get("freeze_epochs", 50))
 
 
 def compute_loss(model: RetrievalModel, batch: dict[str, torch.Tensor], cfg: Any, step: int,
                  epoch: int) -> tuple[torch.Tensor, dict[str, float]]:
-    """The family's loss on one batch and extra stats (WAL: z0 count)."""
+    """The family's loss on one batch and extra stats (WAL-att-adv: the z=0 count)."""
     fam, o = cfg.model, cfg.options
     video = model.encode_video(batch["visual"], batch["visual_mask"])
     text = model.encode_text(batch["text"], batch["text_mask"])
@@ -76,25 +86,22 @@ def compute_loss(model: RetrievalModel, batch: dict[str, torch.Tensor], cfg: Any
         p_lvc = model.paired_scores(video, text)
         lvc_logit = model.f_lvc(p_lvc[:, None]).squeeze(-1)
         labels = batch["labels"]
-        if model.discriminator is None:
+        if model.discriminator is None or discriminator_frozen(model, cfg, epoch):
             return losses.wal_lvc_bce(lvc_logit, labels), stats
-        frozen = epoch < int(o.get("freeze_epochs", 50))
-        for p in model.discriminator.parameters():
-            p.requires_grad_(not frozen)
-        adv_logit, z = model.discriminator(text.emb, p_lvc)
+        adv_logit, z = model.discriminator(F.normalize(text.emb, dim=-1), p_lvc)
         stats["z0"] = float((z < 0.5).sum())
         stats["n"] = float(len(z))
         return losses.wal_adv_pair(lvc_logit, adv_logit, labels, z), stats
     if fam == "milnce":
-        cand = model.encode_candidates(batch["cand"], batch["cand_words"])
-        variant = o.get("variant", "mil")
-        fn = {"mil": losses.milnce, "max": losses.max_nce, "attn": losses.attn_nce, "cat": losses.cat_nce}[variant]
-        return fn(video.emb, cand, batch["cand_mask"], cfg.temperature), stats
+        return _milnce_loss(model, batch, video.emb, cfg), stats
     if fam == "order":
-        return losses.order_ranking(video.emb, text.emb, cfg.margin, o.get("direction", "v2t")), stats
+        return losses.max_margin(model.similarity(video, text), cfg.margin, "sum", o.get("direction", "v2t")), stats
     if fam == "asynce":
-        return losses.asynce(model.word_sim(video, text), text.mask, delta=cfg.margin, temperature=cfg.temperature,
-                             positive=o.get("positive", "frame")), stats
+        if o.get("loss", "asynce") == "nce":  # the symmetric baseline on the same towers
+            return losses.nce(model.similarity(video, text), cfg.temperature), stats
+        return losses.asynce(model.word_sim(video, text), text.mask, video.mask, delta=cfg.margin,
+                             temperature=cfg.temperature, entity=o.get("entity", "soft"),
+                             frame=o.get("frame", "soft")), stats
     sim = model.similarity(video, text)
     if fam == "nce":
         return losses.nce(sim, cfg.temperature), stats
@@ -111,56 +118,39 @@ def compute_loss(model: RetrievalModel, batch: dict[str, torch.Tensor], cfg: Any
     raise ValueError(f"unknown model family {fam!r}")
 
 
+def _milnce_loss(model: RetrievalModel, batch: dict[str, torch.Tensor], video: torch.Tensor, cfg: Any) -> torch.Tensor:
+    """MIL-NCE (eq. 1) or one of its baselines (4.3, appendix A) on a batch of candidate bags."""
+    variant = cfg.options.get("variant", "mil")
+    cand, words, mask = batch["cand"], batch["cand_words"], batch["cand_mask"]
+    if variant == "cat":  # the candidates' words as one narration through the text tower
+        narration = model.encode_text(*concat_candidates(cand, words, mask)).emb
+        return losses.milnce(video, narration[:, None], None, cfg.temperature)
+    emb = model.encode_candidates(cand, words)
+    if variant == "attn":
+        attention = model.candidate_attention(batch["visual"], batch["visual_mask"], cand, words)
+        return losses.attn_nce(video, emb, attention, mask, cfg.temperature)
+    if variant == "max":
+        return losses.max_nce(video, emb, mask, cfg.temperature)
+    if variant == "mil":
+        return losses.milnce(video, emb, mask, cfg.temperature)
+    raise ValueError(f"MIL-NCE variant must be 'mil', 'max', 'attn' or 'cat', got {variant!r}")
+
+
 @torch.no_grad()
-def encode_all(model: RetrievalModel, pairs: PairSet, device: torch.device, batch_size: int = 256):
-    """Video and text encodings of every pair, padded to one length per side."""
+def validation_score(model: RetrievalModel, val: PairSet, cfg: Any, device: torch.device, step: int,
+                     epoch: int) -> float:
+    """Higher is better: minus the training loss on the val split (batches and draws fixed
+    across epochs), or the mean of R@1/5/10 over both directions."""
+    if cfg.select == "val_recall":
+        return mean_recall(retrieval_metrics(similarity_matrix(model, val, device)))
     model.eval()
-    vids, texts = [], []
-    for batch in full_batches(pairs, batch_size):
-        batch = _to(batch, device)
-        vids.append(model.encode_video(batch["visual"], batch["visual_mask"]))
-        texts.append(model.encode_text(batch["text"], batch["text_mask"]))
-    return _cat(vids), _cat(texts)
-
-
-def _cat(parts):
-    from pipeline.train.models import Encoded
-    if parts[0].emb.ndim == 2:
-        return Encoded(torch.cat([p.emb for p in parts]))
-    length = max(p.emb.shape[1] for p in parts)
-    emb = torch.cat([F.pad(p.emb, (0, 0, 0, length - p.emb.shape[1])) for p in parts])
-    mask = torch.cat([F.pad(p.mask, (0, length - p.mask.shape[1])) for p in parts])
-    return Encoded(emb, mask)
-
-
-@torch.no_grad()
-def similarity_matrix(model: RetrievalModel, pairs: PairSet, device: torch.device, chunk: int = 64) -> np.ndarray:
-    """S [N_text, N_video] of the pairs (text i belongs to video i), texts scored in chunks."""
-    video, text = encode_all(model, pairs, device)
-    rows = [model.similarity(video, text.index(slice(i, i + chunk))).float().cpu()
-            for i in range(0, len(pairs), chunk)]
-    return torch.cat(rows).numpy()
-
-
-def evaluate_model(model: RetrievalModel, pairs: PairSet, device: torch.device, seed: int = 0) -> dict[str, Any]:
-    """Retrieval metrics on the test split (or on all pairs when none is marked test)."""
-    test = pairs.subset("test") if "test" in pairs.splits else pairs
-    if len(test) < 2:
-        raise PairsError(f"evaluation needs at least 2 test pairs, got {len(test)}")
-    sim = similarity_matrix(model, test, device)
-    if len(test) >= 1000:
-        out: dict[str, Any] = metrics.subset_protocol(sim, seed=seed)
-        out["protocol"] = "subsets_5x1000"
-    else:
-        out = metrics.retrieval_metrics(sim)
-        out["protocol"] = f"fixed_{len(test)}"
-    try:
-        out["mc_acc"] = metrics.multiple_choice(sim, video_ids=test.groups, seed=seed)
-    except ValueError:
-        out["mc_acc"] = None
-    out["n_test"] = len(test)
-    out["split"] = "test" if test is not pairs else "all"
-    return out
+    rng = epoch_rng(cfg.seed, 0, 2)
+    sampler = GroupBatchSampler(val.groups, min(cfg.batch_size, len(val)), cfg.seed)
+    values = [float(compute_loss(model, to_device(collate(val, idx, batch_options(cfg), rng), device), cfg, step,
+                                 epoch)[0]) for idx in sampler.batches(0)]
+    if not values:
+        raise PairsError(f"the val split has {len(val)} pairs: too few for a batch")
+    return -float(np.mean(values))
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -180,6 +170,16 @@ def latest_checkpoint(path: str | Path) -> Path | None:
         if found:
             return found[-1]
     return None
+
+
+def selected_checkpoint(path: str | Path) -> Path | None:
+    """The checkpoint training picked: best.pt beside the newest epoch when the run selected
+    one on the val split, else the newest epoch (a .pt file given is used as it is)."""
+    latest = latest_checkpoint(path)
+    if latest is None or Path(path).is_file():
+        return latest
+    best = latest.parent / BEST
+    return best if best.exists() else latest
 
 
 def _save(path: Path, state: dict[str, Any]) -> None:
@@ -203,10 +203,17 @@ def _mean_frames(video) -> torch.Tensor:
     return (video.emb * w).sum(1) / w.sum(1).clamp_min(1)
 
 
-def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume: bool = True) -> dict[str, Any]:
+def _phase_schedule(cfg: Any, epoch: int) -> LrSchedule:
+    return finetune_schedule(cfg) if epoch >= cfg.epochs else schedule_for(cfg)
+
+
+def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume: bool = True,
+          eval_on: EvalOn = "test") -> dict[str, Any]:
     """Train `cfg.model` (a `TrainConfig`) on the train split, checkpoint every epoch into
-    out_dir/checkpoints (resuming from the newest when `resume`), evaluate on the test split
-    and write out_dir/metrics.json and out_dir/curve.png. Returns the metrics dict."""
+    out_dir/checkpoints (resuming from the newest when `resume`), keep the best epoch on the
+    val split when `cfg.select` asks (best.pt), run S-MiT's second phase when `cfg.finetune`,
+    evaluate the selected model on the test split and write out_dir/metrics.json and
+    out_dir/curve.png. Returns the metrics dict."""
     out_dir = Path(out_dir)
     ckpt_dir = out_dir / CHECKPOINT_DIR
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -215,21 +222,22 @@ def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume:
     train_set = pairs.subset("train")
     if len(train_set) < 2:
         raise PairsError(f"training needs at least 2 train pairs, got {len(train_set)}")
+    evaluation_pairs(pairs, eval_on)  # no test split: fail before training, not after
+    val = pairs.subset("val")
+    selecting = cfg.select != "last" and len(val) >= 2
     model = build_model(cfg, pairs.visual_dim, pairs.text_dim).to(dev)
-    opt, sched = make_optimizer(model, cfg)
+    opt = make_optimizer(model, cfg, cfg.lr)
     use_amp = dev.type == "cuda"
     amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
-    start_epoch, step, curve = 0, 0, []
+    start_epoch, step, curve, best = 0, 0, [], None
     latest = latest_checkpoint(ckpt_dir) if resume else None
     if latest is not None:
         state = torch.load(latest, map_location=dev, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
-        if sched is not None and state.get("scheduler"):
-            sched.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state.get("scaler", {})) if state.get("scaler") else None
-        start_epoch, step, curve = state["epoch"] + 1, state["step"], state["curve"]
+        start_epoch, step, curve, best = state["epoch"] + 1, state["step"], state["curve"], state.get("best")
         torch.set_rng_state(state["rng"]["torch"])
         if torch.cuda.is_available() and state["rng"].get("cuda") is not None:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
@@ -237,16 +245,26 @@ def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume:
         random.setstate(state["rng"]["python"])
         log.info("resumed from %s at epoch %d", latest, start_epoch)
     else:
+        (ckpt_dir / BEST).unlink(missing_ok=True)  # a previous run's pick
         _init_background(model, train_set, dev, cfg.seed)
     sampler = GroupBatchSampler(train_set.groups, min(cfg.batch_size, len(train_set)), cfg.seed)
     opts = batch_options(cfg)
     clip = cfg.options.get("grad_clip", 2.0 if cfg.model in ("order", "max_margin") else None)
-    for epoch in range(start_epoch, cfg.epochs):
+    total_epochs = cfg.epochs * (2 if cfg.finetune else 1)
+    for epoch in range(start_epoch, total_epochs):
+        if cfg.finetune and epoch == cfg.epochs:
+            # S-MiT appendix B: the second round starts from the first round's selected parameters.
+            if best is not None:
+                model.load_state_dict(torch.load(ckpt_dir / BEST, map_location=dev, weights_only=False)["model"])
+            opt = make_optimizer(model, cfg, finetune_schedule(cfg).base)
+        schedule = _phase_schedule(cfg, epoch)
         model.train()
         rng = epoch_rng(cfg.seed, epoch)
         total, n_batches, z0, zn = 0.0, 0, 0.0, 0.0
+        lr = schedule(step, epoch)
         for idx in sampler.batches(epoch):
-            batch = _to(collate(train_set, idx, opts, rng), dev)
+            lr = schedule.apply(opt, step, epoch)
+            batch = to_device(collate(train_set, idx, opts, rng), dev)
             with torch.autocast(dev.type, dtype=amp_dtype, enabled=use_amp):
                 loss, stats = compute_loss(model, batch, cfg, step, epoch)
             opt.zero_grad(set_to_none=True)
@@ -261,24 +279,33 @@ def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume:
             step += 1
             z0 += stats.get("z0", 0.0)
             zn += stats.get("n", 0.0)
-        if sched is not None:
-            sched.step()
-        point: dict[str, Any] = {"epoch": epoch, "loss": total / max(n_batches, 1)}
-        if cfg.model == "wal" and model.discriminator is not None:
-            point["z0_share"] = z0 / zn if zn else None
-        curve.append(point)
-        log.info("epoch %d: %s", epoch, point)
-        _save(ckpt_dir / f"epoch_{epoch:04d}.pt", {
+        point: dict[str, Any] = {"epoch": epoch, "loss": total / max(n_batches, 1), "lr": lr}
+        if model.discriminator is not None:
+            point["z0_share"] = z0 / zn if zn else None  # None while the discriminator is frozen
+        state = {
             "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict() if sched is not None else None,
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
             "epoch": epoch, "step": step, "curve": curve,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
             "config": cfg.model_dump(mode="json") if hasattr(cfg, "model_dump") else dict(cfg),
             "visual_dim": pairs.visual_dim, "text_dim": pairs.text_dim,
-        })
-    result = evaluate_model(model, pairs, dev, cfg.seed)
+        }
+        if selecting:
+            point["val"] = validation_score(model, val, cfg, dev, step, epoch)
+            if best is None or point["val"] > best["value"]:
+                best = {"by": cfg.select, "epoch": epoch, "value": point["val"]}
+                _save(ckpt_dir / BEST, {**state, "best": best})
+        curve.append(point)
+        log.info("epoch %d: %s", epoch, point)
+        state["best"] = best
+        state["rng"] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+        _save(ckpt_dir / f"epoch_{epoch:04d}.pt", state)
+    if best is not None:
+        model.load_state_dict(torch.load(ckpt_dir / BEST, map_location=dev, weights_only=False)["model"])
+    result = evaluate_model(model, pairs, dev, cfg.seed, cfg.eval_protocol, eval_on)
+    result["selected"] = best or {"by": "last", "epoch": total_epochs - 1,
+                                  **({} if cfg.select == "last" else {"note": f"no val split: {cfg.select} "
+                                                                              f"needs 2 val pairs"})}
     result["curve"] = curve
     result["device"] = dev.type
     # Float sums split over threads round differently, so CPU runs match at equal thread counts.
@@ -310,12 +337,14 @@ def write_outputs(out_dir: Path, result: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-def evaluate(checkpoint_dir: str | Path, pairs: PairSet, device: str = "auto") -> dict[str, Any]:
-    """Metrics of the newest checkpoint under `checkpoint_dir` (a training dir, its
-    checkpoints dir, or one .pt file) on the test split of `pairs`."""
+def evaluate(checkpoint_dir: str | Path, pairs: PairSet, device: str = "auto",
+             eval_on: EvalOn = "test") -> dict[str, Any]:
+    """Metrics of the checkpoint training selected under `checkpoint_dir` (a training dir or
+    its checkpoints dir: best.pt when the run picked one on the val split, else the newest
+    epoch; or one .pt file) on the test split of `pairs`."""
     from pipeline.config import TrainConfig
 
-    path = latest_checkpoint(checkpoint_dir)
+    path = selected_checkpoint(checkpoint_dir)
     if path is None:
         raise FileNotFoundError(f"no checkpoint (epoch_*.pt) under {checkpoint_dir}")
     dev = pick_device(device)
@@ -326,7 +355,7 @@ def evaluate(checkpoint_dir: str | Path, pairs: PairSet, device: str = "auto") -
                          f"the pairs have {pairs.visual_dim}/{pairs.text_dim}")
     model = build_model(cfg, state["visual_dim"], state["text_dim"]).to(dev)
     model.load_state_dict(state["model"])
-    out = evaluate_model(model, pairs, dev, cfg.seed)
+    out = evaluate_model(model, pairs, dev, cfg.seed, cfg.eval_protocol, eval_on)
     out["checkpoint"] = str(path)
     out["epoch"] = state["epoch"]
     return out

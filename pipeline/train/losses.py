@@ -45,7 +45,7 @@ def _margin_ce(sim: torch.Tensor, row_margin: torch.Tensor, col_margin: torch.Te
 
 
 def nce(sim: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Symmetric InfoNCE over a [B, B] similarity matrix, diagonal positives (S-MiT "NCE"):
+    """Symmetric InfoNCE over a [B, B] similarity matrix, diagonal positives (S-MiT 2.3.1 "NCE", eq. 1):
 
         L = 1/2 [ 1/B Σ_i -log( e^{S_ii/τ} / Σ_j e^{S_ij/τ} )
                 + 1/B Σ_j -log( e^{S_jj/τ} / Σ_i e^{S_ij/τ} ) ]
@@ -58,7 +58,7 @@ def nce(sim: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
 
 
 def mms(sim: torch.Tensor, margin: float, temperature: float = 1.0) -> torch.Tensor:
-    """Max-margin softmax (S-MiT "MMS"): NCE with the positive logit S_ii replaced by S_ii - m,
+    """Max-margin softmax (S-MiT "MMS", eq. 2): NCE with the positive logit S_ii replaced by S_ii - m,
 
         L = 1/2 [ 1/B Σ_i -log( e^{(S_ii-m)/τ} / (e^{(S_ii-m)/τ} + Σ_{j≠i} e^{S_ij/τ}) ) + (columns) ]
 
@@ -87,7 +87,7 @@ class MarginSchedule:
 
 
 def amm(sim: torch.Tensor, alpha: float = 0.5, temperature: float = 1.0, detach: bool = True) -> torch.Tensor:
-    """Adaptive mean margin (S-MiT "AMM"): MMS with a per-query margin
+    """Adaptive mean margin (S-MiT 4.3 "AMM", eq. 3): MMS with a per-query margin
 
         rows (text i):     m_i = α · mean_{j≠i}(S_ii - S_ij)
         columns (video j): m_j = α · mean_{i≠j}(S_jj - S_ij)
@@ -179,7 +179,7 @@ def order_embed(x: torch.Tensor) -> torch.Tensor:
 
 
 def order_violation(video: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-    """Order-violation similarity of Torabi et al., on `order_embed`-ed inputs:
+    """Order-violation similarity of Torabi et al. (appendix B.2, eq. 3), on `order_embed`-ed inputs:
 
         S(c, v) = -‖max(0, c - v)‖²
 
@@ -192,7 +192,8 @@ def order_violation(video: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
 
 def order_ranking(video: torch.Tensor, text: torch.Tensor, margin: float = 0.05,
                   direction: Direction = "v2t") -> torch.Tensor:
-    """Torabi et al.'s ranking loss on the order-violation similarity, Σ over contrastive items:
+    """Torabi et al.'s ranking loss on the order-violation similarity (appendix B.2: eq. 5, annotation
+    ranking; eq. 4, pairwise), Σ over contrastive items:
 
         L = 1/B Σ_i Σ_{j≠i} max(0, α - S(c_i, v_i) + S(c_j, v_i))          (direction="v2t")
 
@@ -242,7 +243,7 @@ def _mil_nce(x: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Te
 
 def milnce(video: torch.Tensor, text: torch.Tensor, mask: torch.Tensor | None = None,
            temperature: float = 1.0) -> torch.Tensor:
-    """MIL-NCE (Miech et al.): the K candidate narrations of a clip are all positives,
+    """MIL-NCE (Miech et al., eq. 1; P_i as in 4.1): the K candidate narrations of a clip are all positives,
 
         L = 1/B Σ_i -log( Σ_{k∈P_i} e^{x_iik} / (Σ_{k∈P_i} e^{x_iik} + Σ_{(x',y')∈N_i} e^{f(x')ᵀg(y')}) )
 
@@ -260,7 +261,7 @@ def milnce(video: torch.Tensor, text: torch.Tensor, mask: torch.Tensor | None = 
 
 def max_nce(video: torch.Tensor, text: torch.Tensor, mask: torch.Tensor | None = None,
             temperature: float = 1.0) -> torch.Tensor:
-    """Max+NCE baseline of MIL-NCE: only the best-scoring valid candidate is the positive,
+    """Max+NCE baseline of MIL-NCE (appendix A, eqs. 5-6): only the best-scoring valid candidate is the positive,
 
         pos_i = max_{k∈P_i} x_iik,   L = 1/B Σ_i -log( e^{pos_i} / (e^{pos_i} + Σ_{N_i} e^{·}) )
 
@@ -271,40 +272,26 @@ def max_nce(video: torch.Tensor, text: torch.Tensor, mask: torch.Tensor | None =
     return _mil_nce(x, mask, pos)
 
 
-def attn_nce(video: torch.Tensor, text: torch.Tensor, mask: torch.Tensor | None = None,
-             temperature: float = 1.0, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Attn+NCE baseline of MIL-NCE: the positive is the attention-weighted candidate score,
+def attn_nce(video: torch.Tensor, text: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor | None = None,
+             temperature: float = 1.0) -> torch.Tensor:
+    """Attn+NCE baseline of MIL-NCE (appendix A, eqs. 7-8): the positive is the sum of the
+    candidates' exponentiated scores weighted by a cross-modal attention,
 
-        pos_i = Σ_{k∈P_i} a_ik x_iik,   L = 1/B Σ_i -log( e^{pos_i} / (e^{pos_i} + Σ_{N_i} e^{·}) )
+        a_ik = e^{f_a(x_i)ᵀ g_a(y_ik)} / Σ_{k'∈P_i} e^{f_a(x_i)ᵀ g_a(y_ik')}           (7)
+        L = 1/B Σ_i -log( Σ_k a_ik e^{x_iik} / (Σ_k a_ik e^{x_iik} + Σ_{N_i} e^{·}) )     (8)
 
-    with MIL-NCE's negative set. `weights` [B, K] are the attention a (e.g. a learned module's
-    output, summing to 1 over the valid candidates). Without them a is the parameter-free
-    a_ik = softmax_{k∈P_i}(x_iik), gradient flowing through it.
+    i.e. pos_i = log Σ_{k∈P_i} a_ik e^{x_iik} (the extracted text garbles eq. 8; read next to
+    eq. 6 it is Σ a·e^x, not e^{Σ a·x}), with MIL-NCE's negative set. `attention` [B, K] holds
+    the logits f_a(x_i)ᵀ g_a(y_ik) of the model's own attention heads (`models`), which share
+    the towers except their last Linear.
     """
     x, mask = _candidate_scores(video, text, mask, temperature)
     own = x.diagonal().T
-    if weights is None:
-        weights = own.masked_fill(~mask, float("-inf")).softmax(1)
-    elif weights.shape != own.shape:
-        raise ValueError(f"weights must be [B, K] = {tuple(own.shape)}, got {tuple(weights.shape)}")
-    pos = (weights * own.masked_fill(~mask, 0.0)).sum(1)
+    if attention.shape != own.shape:
+        raise ValueError(f"attention must be [B, K] = {tuple(own.shape)}, got {tuple(attention.shape)}")
+    log_a = attention.masked_fill(~mask, float("-inf")).log_softmax(1)
+    pos = torch.logsumexp((log_a + own).masked_fill(~mask, float("-inf")), 1)
     return _mil_nce(x, mask, pos)
-
-
-def cat_nce(video: torch.Tensor, text: torch.Tensor, mask: torch.Tensor | None = None,
-            temperature: float = 1.0) -> torch.Tensor:
-    """Cat+NCE baseline of MIL-NCE: the candidates merged into one narration, then `nce`,
-
-        t_i = mean_{k∈P_i} g(y_ik),   L = nce([t_i ᵀ f(x_j)]_{ij}, τ)
-
-    The paper concatenates the narrations' words before the text tower; on embeddings the
-    merge is their masked mean. To reproduce the word-level version, embed the concatenated
-    text and pass it as K=1.
-    """
-    mask = _candidate_mask(video, text, mask)
-    weights = mask.to(text.dtype)[:, :, None]
-    narration = (text * weights).sum(1) / weights.sum(1)
-    return nce(narration @ video.T, temperature)
 
 
 # ---------------------------------------------------------------- WAL
@@ -312,7 +299,7 @@ def cat_nce(video: torch.Tensor, text: torch.Tensor, mask: torch.Tensor | None =
 
 def wal_lvc_bce(scores: torch.Tensor, labels: torch.Tensor,
                 reduction: Literal["mean", "none"] = "mean") -> torch.Tensor:
-    """WAL's LVC loss: binary cross-entropy on the classifier output F_LVC(sᵀv) (logits),
+    """WAL's LVC loss (2.3, eq. 1): binary cross-entropy on the classifier output F_LVC(sᵀv) (logits),
 
         L = -[ y log σ(F) + (1 - y) log(1 - σ(F)) ]
 
@@ -324,7 +311,7 @@ def wal_lvc_bce(scores: torch.Tensor, labels: torch.Tensor,
 
 def wal_adv_pair(lvc_scores: torch.Tensor, adv_scores: torch.Tensor, labels: torch.Tensor,
                  z: torch.Tensor) -> torch.Tensor:
-    """WAL-att-adv per-pair loss, averaged: (1 - z)·L_LVC + z·L_ADV with L_ADV = BCE(F_ADV, y=0).
+    """WAL-att-adv per-pair loss (2.3), averaged: (1 - z)·L_LVC + z·L_ADV with L_ADV = BCE(F_ADV, y=0).
 
     z [B] is the discriminator's draw (a hard straight-through Gumbel sample, 1 = sent to the
     background vectors) with P(z=1) = σ(adv_scores) (`models.WALDiscriminator`): L_ADV is then
@@ -340,50 +327,96 @@ def wal_adv_pair(lvc_scores: torch.Tensor, adv_scores: torch.Tensor, labels: tor
 # ---------------------------------------------------------------- AsyNCE
 
 
-def asynce(word_sim: torch.Tensor, word_mask: torch.Tensor | None = None, delta: float = 0.05,
-           temperature: float = 0.07, positive: Literal["frame", "entity", "mean"] = "frame",
+Aggregate = Literal["mean", "soft"]
+
+
+def _masked_softmax(x: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+    """softmax over the True entries of `mask` along `dim` (0 elsewhere); values at masked-out
+    entries never reach the result, so padding may hold anything finite or not."""
+    return x.masked_fill(~mask, float("-inf")).softmax(dim).masked_fill(~mask, 0.0)
+
+
+def asynce_frame_scores(word_sim: torch.Tensor, word_mask: torch.Tensor, frame_mask: torch.Tensor,
+                        temperature: float, entity: Aggregate) -> torch.Tensor:
+    """The frame-sentence similarity F[i, j, t] of sentence i and frame t of video j (AsyNCE
+    3.1-3.2), from word_sim [B_t, B_v, T, W] (max over regions already taken):
+
+        entity="mean":  S(V_t, Q)  = 1/K Σ_k s(v_t, q_k)                                 (eq. 1)
+        entity="soft":  S̄(V_t, Q) = Σ_k softmax_t(s(v_t, q_k)/τ) · s(v_t, q_k)          (eq. 7)
+
+    k runs over sentence i's real words (word_mask [B_t, W]) and the softmax of eq. 7 over video
+    j's real frames (frame_mask [B_v, T]). Eq. 7 is followed as printed: a sum over words, each
+    weighted by a softmax over frames (no 1/K). Padded frames come out as 0.
+    """
+    words = word_mask[:, None, None, :]
+    frames = frame_mask[None, :, :, None]
+    both = words & frames
+    sim = word_sim.masked_fill(~both, 0.0)
+    if entity == "mean":
+        return sim.sum(-1) / word_mask.sum(-1).clamp_min(1).to(sim.dtype)[:, None, None]
+    if entity == "soft":
+        weights = _masked_softmax(sim / temperature, frames.expand_as(sim), 2)
+        return (weights * sim).sum(-1)
+    raise ValueError(f"entity must be 'mean' or 'soft', got {entity!r}")
+
+
+def asynce_positive(frame_scores: torch.Tensor, frame_mask: torch.Tensor, frame: Aggregate) -> torch.Tensor:
+    """S_p of every (sentence i, video j): frame_scores [B_t, B_v, T] aggregated over video j's
+    real frames,
+
+        frame="mean":  S_p = 1/T Σ_t F_t                          (AsyNCE eq. 4)
+        frame="soft":  S_p = Σ_t softmax_t(F_t) · F_t             (eq. 5)
+    """
+    frames = frame_mask[None].expand_as(frame_scores)
+    if frame == "mean":
+        return frame_scores.masked_fill(~frames, 0.0).sum(-1) / frames.sum(-1).clamp_min(1)
+    if frame == "soft":
+        return (_masked_softmax(frame_scores, frames, -1) * frame_scores.masked_fill(~frames, 0.0)).sum(-1)
+    raise ValueError(f"frame must be 'mean' or 'soft', got {frame!r}")
+
+
+def asynce(word_sim: torch.Tensor, word_mask: torch.Tensor | None = None, frame_mask: torch.Tensor | None = None,
+           delta: float = 0.05, temperature: float = 0.07, entity: Aggregate = "soft", frame: Aggregate = "soft",
            scale_negatives: bool = True) -> torch.Tensor:
-    """AsyNCE, the asymmetric frame-level MIL loss for weakly supervised grounding.
+    """AsyNCE, the asymmetric frame-level MIL loss for weakly supervised grounding (AsyNCE 3.2,
+    eq. 8; eq. 6 is its entity="mean" form):
+
+        L = 1/B Σ_i -log( e^{(S_p(V_i,Q_i)-Δ)/τ} / (e^{(S_p-Δ)/τ} + Σ_{V'≠V_i} Σ_t e^{F(V'_t,Q_i)/τ}
+                                                                  + Σ_{Q'≠Q_i} Σ_t e^{F(V_i,t,Q')/τ}) )
 
     word_sim[i, j, t, k] = s(v_t, q_k) between sentence i's word k and video j's frame t,
-    [B, B, T, W]; with regions, [B, B, T, N, W] and the max over regions n is taken. Then
+    [B, B, T, W]; with regions, [B, B, T, N, W] and the max over regions n is taken (eq. 1).
+    F is `asynce_frame_scores` (entity: "mean" eq. 1, "soft" eq. 7) and S_p `asynce_positive`
+    (frame: "mean" eq. 4, "soft" eq. 5); the paper's model (its Table 1) uses soft/soft. The
+    positive is aggregated over frames, the negatives keep one term per real frame.
 
-        S(V_t, Q) = mean_k max_n s(v_t^n, q_k)             (frame-sentence, valid words only)
-        S_p = Σ_t softmax_t(S(V_t,Q)) · S(V_t,Q)           positive="frame" (soft-frame)
-            = mean_k Σ_t softmax_t(s(v_t,q_k)/τ) s(v_t,q_k) positive="entity" (soft-entity)
-            = mean_t S(V_t,Q)                               positive="mean"
-        L = 1/B Σ_i -log( e^{(S_p-Δ)/τ} / (e^{(S_p-Δ)/τ} + Σ_{V'≠V} Σ_t e^{S(V'_t,Q)/τ}
-                                                       + Σ_{Q'≠Q} Σ_t e^{S(V_t,Q')/τ}) )
-
-    Negatives keep their per-frame similarities. METHODS.md writes the negative exponents
-    without τ; scale_negatives=True (default) divides them by τ as well, which keeps both
-    terms on one scale (scale_negatives=False is the formula as written).
+    word_mask [B, W] and frame_mask [B, T] (True = real word / frame) default to all real;
+    padding never enters a softmax, a mean or the negatives, so the loss does not depend on
+    how far a batch is padded. The paper's eq. 8 writes the negative exponents without τ (and
+    its positive inside Σ_t, a typo); scale_negatives=True (default) divides them by τ as
+    well, which keeps both terms on one scale (False: the exponents as printed).
     """
     if word_sim.ndim == 5:
         word_sim = word_sim.max(3).values
     if word_sim.ndim != 4 or word_sim.shape[0] != word_sim.shape[1] or word_sim.shape[0] < 2:
         raise ValueError(f"expected word_sim [B, B, T, W] or [B, B, T, N, W], got {tuple(word_sim.shape)}")
-    b, _, _, w = word_sim.shape
+    b, _, t, w = word_sim.shape
     if word_mask is None:
         word_mask = torch.ones(b, w, dtype=torch.bool, device=word_sim.device)
-    wm = word_mask.to(word_sim.dtype)[:, None, None, :]  # sentence i's words
-    frame_sim = (word_sim * wm).sum(-1) / wm.sum(-1)  # [B, B, T]
-    own = frame_sim.diagonal().T  # [B, T]: S(V_t, Q) of the true pairs
-    if positive == "frame":
-        s_p = (own.softmax(1) * own).sum(1)
-    elif positive == "mean":
-        s_p = own.mean(1)
-    elif positive == "entity":
-        own_words = word_sim.diagonal().permute(2, 0, 1)  # [B, T, W]
-        per_word = (own_words.div(temperature).softmax(1) * own_words).sum(1)  # [B, W]
-        s_p = (per_word * word_mask).sum(1) / word_mask.sum(1)
-    else:
-        raise ValueError(f"positive must be 'frame', 'entity' or 'mean', got {positive!r}")
-    neg = frame_sim / temperature if scale_negatives else frame_sim
+    if frame_mask is None:
+        frame_mask = torch.ones(b, t, dtype=torch.bool, device=word_sim.device)
+    word_mask, frame_mask = word_mask.bool(), frame_mask.bool()
+    if word_mask.shape != (b, w) or frame_mask.shape != (b, t):
+        raise ValueError(f"word_mask must be {(b, w)} and frame_mask {(b, t)}, got "
+                         f"{tuple(word_mask.shape)} and {tuple(frame_mask.shape)}")
+    scores = asynce_frame_scores(word_sim, word_mask, frame_mask, temperature, entity)  # [B, B, T]
+    s_p = asynce_positive(scores, frame_mask, frame).diagonal()
+    neg = scores / temperature if scale_negatives else scores
     other = ~torch.eye(b, dtype=torch.bool, device=word_sim.device)[:, :, None]
     neg_inf = neg.new_tensor(float("-inf"))
-    video_neg = torch.where(other, neg, neg_inf).reshape(b, -1)  # sentence i, other videos
-    sentence_neg = torch.where(other, neg.transpose(0, 1), neg_inf).reshape(b, -1)  # video i, other sentences
+    # sentence i against the other videos' real frames; video i's real frames against the other sentences
+    video_neg = torch.where(other & frame_mask[None, :, :], neg, neg_inf).reshape(b, -1)
+    sentence_neg = torch.where(other & frame_mask[:, None, :], neg.transpose(0, 1), neg_inf).reshape(b, -1)
     pos = (s_p - delta) / temperature
     return (torch.logsumexp(torch.cat([pos[:, None], video_neg, sentence_neg], 1), 1) - pos).mean()
 

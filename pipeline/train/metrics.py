@@ -163,8 +163,8 @@ def multiple_choice(sim: Any, choices: int = 5, video_ids: Sequence[Hashable] | 
     Distractors are drawn (default_rng(seed), without replacement) from the captions of other
     source videos: video_ids[i] names pair i's source video (None: every pair its own video).
     Torabi's test also requires distractors to share no activity phrase with the true
-    caption; a fixed question set like that can be passed as `distractors` [N, choices - 1]
-    caption indices instead.
+    caption: `choice.distractors` draws such a question set, passed as `distractors`
+    [N, choices - 1] caption indices.
     """
     s = _array(sim)
     n = s.shape[0]

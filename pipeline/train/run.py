@@ -5,26 +5,44 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import fsspec
+
 from pipeline.config import Config
+from pipeline.progress import log
 from pipeline.runner import StageContext
 from pipeline.storage import Corpus
-from pipeline.progress import log
 from pipeline.train.data import PairSet, PairsError
+from pipeline.train.evaluation import EvalOn
 from pipeline.train.loop import evaluate, train
+
+
+def listed_test_only(pairs: PairSet, clip_ids: set[str]) -> PairSet:
+    """The pairs with the test split cut down to the listed clips (WAL: the 100 hand-checked
+    pairs). align holds their videos out whole, so the other clips of those videos are neither
+    trained on nor scored."""
+    keep = [i for i, (pid, split) in enumerate(zip(pairs.pair_ids, pairs.splits))
+            if split != "test" or pid in clip_ids]
+    return pairs.subset(keep)
 
 
 def pairs_for(corpus: Corpus, cfg: Config, pairs_file: str | None = None,
               shards: str | None = None) -> PairSet:
     """Pairs from an external pairs file, or from shards (WebDataset or Parquet), else from the
-    corpus's features tables."""
+    corpus's features tables; with align.test_clip_ids, only the listed clips are test pairs."""
     if pairs_file and shards:
         raise ValueError("give a pairs file or shards, not both")
     if pairs_file:
         return PairSet.from_pairs_file(pairs_file)
     assert cfg.train is not None
+    visual = cfg.train.visual_names
     if shards:
-        return PairSet.from_shards(shards, cfg.train.visual, cfg.train.text)
-    return PairSet.from_corpus(corpus, cfg.train.visual, cfg.train.text)
+        pairs = PairSet.from_shards(shards, visual, cfg.train.text)
+    else:
+        pairs = PairSet.from_corpus(corpus, visual, cfg.train.text)
+    if cfg.align.test_clip_ids:
+        with fsspec.open(cfg.align.test_clip_ids, "rt") as handle:
+            pairs = listed_test_only(pairs, {line.strip() for line in handle if line.strip()})
+    return pairs
 
 
 def default_out(corpus: Corpus, cfg: Config) -> Path:
@@ -35,20 +53,20 @@ def default_out(corpus: Corpus, cfg: Config) -> Path:
 
 def train_corpus(corpus: Corpus, cfg: Config, out: Path | None = None, device: str = "auto",
                  resume: bool = True, pairs_file: str | None = None,
-                 shards: str | None = None) -> dict[str, Any]:
+                 shards: str | None = None, eval_on: EvalOn = "test") -> dict[str, Any]:
     if cfg.train is None:
         raise ValueError("the config has no `train` section")
     return train(pairs_for(corpus, cfg, pairs_file, shards), cfg.train, out or default_out(corpus, cfg),
-                 device=device, resume=resume)
+                 device=device, resume=resume, eval_on=eval_on)
 
 
 def evaluate_corpus(corpus: Corpus, cfg: Config, checkpoint: Path | None = None,
                     device: str = "auto", pairs_file: str | None = None,
-                    shards: str | None = None) -> dict[str, Any]:
+                    shards: str | None = None, eval_on: EvalOn = "test") -> dict[str, Any]:
     if cfg.train is None and checkpoint is None:
         raise ValueError("the config has no `train` section; pass a checkpoint")
     return evaluate(checkpoint or default_out(corpus, cfg), pairs_for(corpus, cfg, pairs_file, shards),
-                    device=device)
+                    device=device, eval_on=eval_on)
 
 
 def train_step(ctx: StageContext) -> dict[str, Any]:
@@ -59,7 +77,7 @@ def train_step(ctx: StageContext) -> dict[str, Any]:
     try:
         metrics = train_corpus(ctx.corpus, cfg)
     except PairsError as exc:
-        # Too little data to train on is a fact about this corpus, not a failed build.
+        # Too little data to train on (or no test split) is a fact about this corpus, not a failed build.
         log.warning("train skipped: %s", exc)
         return {"skipped": str(exc)}
     keys = ("t2v", "v2t", "mc_acc", "n_test", "protocol", "split")

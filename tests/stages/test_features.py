@@ -247,13 +247,19 @@ def test_milnce_loads_the_published_files(tmp_path) -> None:
     none = _text("text:s3d_howto100m", weights="none")
     assert not np.allclose(none.encode(["open the door"])[0], text.encode(["open the door"])[0])
 
+    # keep_tokens: the tower's fixed word2vec inputs, one row per known word (MIL-NCE appendix B)
+    words = _text("text:s3d_howto100m", weights=str(path), keep_tokens=True)
+    assert words.dim == 300
+    rows = words.encode(["Open the door!", "zebra"])
+    table = torch.load(path)["text_module.word_embd.weight"].numpy()
+    np.testing.assert_allclose(rows[0], table[[1, 2, 3]])  # open, the, door: tokens 1-3 of the word list
+    np.testing.assert_allclose(rows[1], table[[0]])  # no known word: the padding vector
+
     os.remove(tmp_path / "s3d_dict.npy")
     with pytest.raises(WeightsError, match="s3d_dict.npy"):
         _text("text:s3d_howto100m", weights=str(path))
     with pytest.raises(WeightsError, match="s3d_howto100m.pth"):
         _build("s3d_howto100m")
-    with pytest.raises(SetupError, match="keep_tokens"):
-        _text("text:s3d_howto100m", weights="none", keep_tokens=True)
 
 
 def test_milnce_tokenizer_matches_the_original_rules() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.storage import Corpus
 from pipeline.train.data import (BatchOptions, GroupBatchSampler, PairSet, PairsError, collate,
-                                 sample_frames, sample_words)
+                                 sample_frames, sample_window, sample_words)
 
 
 def _clip(cid, vid, text, split="train", candidates=None):
@@ -152,3 +152,50 @@ def test_collate_shapes_wal_and_candidates():
     np.testing.assert_array_equal(bags["cand"][0, 1, :n].numpy(), pairs.text[3])
     assert bags["cand_words"][0, 1].sum() == n and bags["cand"].shape[2] <= words
     assert GroupBatchSampler(pairs.groups, 2).batches(0)
+
+
+def test_from_corpus_concatenates_max_pooled_visual_features(corpus):
+    """S-MiT 4.1: ResNet-152 and TSM features, each max-pooled over time, side by side."""
+    corpus.write_batch("features/tsm_r50", [_feat(x, "tsm_r50", np.arange(2) + 10 * i) for i, x in
+                                            enumerate(["a-0", "b-0"])], "t2")
+    pairs = PairSet.from_corpus(corpus, ["resnet34", "tsm_r50"], "text:bert")
+    assert pairs.pair_ids == ["a-0", "b-0"]  # a-1 has no tsm_r50 features
+    assert pairs.visual[1].tolist() == [2, 2, 2, 2, 10, 11]  # max over b-0's 3 frames of 2s, then tsm
+    assert pairs.captions == ["hello there", "hello there"]
+
+
+def test_window_sampling():
+    rng = np.random.default_rng(0)
+    starts = set()
+    for _ in range(200):
+        w = sample_window(10, 4, rng)
+        assert len(w) == 4 and list(w) == list(range(w[0], w[0] + 4))
+        starts.add(int(w[0]))
+    assert starts == set(range(7))  # every window inside the span is drawn
+    assert list(sample_window(3, 4, rng)) == [0, 1, 2]
+    pairs = _pairs()
+    batch = collate(pairs, [2], BatchOptions(window=2), rng)
+    assert batch["visual"].shape == (1, 2, 4)
+    assert any(np.array_equal(batch["visual"][0].numpy(), pairs.visual[2][s:s + 2]) for s in (0, 1))
+
+
+def test_pairs_file_caption_and_activities_round_trip(tmp_path):
+    pairs = _pairs()
+    pairs.captions = [f"someone opens door {i}" for i in range(len(pairs))]
+    pairs.activities = [["open door"]] * len(pairs)
+    pairs.to_pairs_file(tmp_path / "p.parquet")
+    back = PairSet.from_pairs_file(tmp_path / "p.parquet")
+    assert back.captions == pairs.captions and back.activities == pairs.activities
+    assert back.subset([1, 3]).captions == [pairs.captions[1], pairs.captions[3]]
+    with pytest.raises(PairsError, match="column 'caption' has type"):
+        PairSet.from_pairs_file(_write(tmp_path / "bad.parquet", caption=[1, 2]))
+
+
+def test_listed_test_clips_are_the_only_test_pairs():
+    from pipeline.train.run import listed_test_only
+
+    pairs = PairSet(["a", "b", "c", "d"], ["v", "v", "w", "w"], ["test", "test", "train", "val"],
+                    [np.ones(2)] * 4, [np.ones(3)] * 4, captions=["1", "2", "3", "4"])
+    kept = listed_test_only(pairs, {"b", "c"})
+    assert kept.pair_ids == ["b", "c", "d"] and kept.splits == ["test", "train", "val"]
+    assert kept.captions == ["2", "3", "4"]

@@ -167,20 +167,28 @@ def test_milnce_by_hand():
 def test_milnce_baselines_by_hand():
     assert L.max_nce(VIDEO, TEXT, MASK, T).item() == pytest.approx(nll(1 / T, [0, 0, 0]))
 
-    a = torch.softmax(torch.tensor([1 / T, 0.5 / T]), 0)
-    pos0 = (a[0] * 1 / T + a[1] * 0.5 / T).item()
+    # Attn+NCE (MIL-NCE appendix A, eq. 8): pos = log Σ_k a_k e^{x_k} with a = softmax of the
+    # attention heads' logits over the real candidates (clip 1's padding gets no weight).
+    logits = torch.tensor([[log(3.0), 0.0], [5.0, -7.0]])  # clip 0: a = (.75, .25)
+    pos0 = log(0.75 * exp(1 / T) + 0.25 * exp(0.5 / T))
     expected = (nll(pos0, [0, 0, 0]) + nll(1 / T, [0, 0, 0])) / 2
-    assert L.attn_nce(VIDEO, TEXT, MASK, T).item() == pytest.approx(expected)
-    weights = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
-    expected = (nll(0.75 / T, [0, 0, 0]) + nll(1 / T, [0, 0, 0])) / 2
-    assert L.attn_nce(VIDEO, TEXT, MASK, T, weights=weights).item() == pytest.approx(expected)
+    assert L.attn_nce(VIDEO, TEXT, logits, MASK, T).item() == pytest.approx(expected)
+    # e^{Σ a x} (the garbled reading) would give pos0 = .75·2 + .25·1 = 1.75, not log(.75e² + .25e)
+    assert pos0 != pytest.approx(1.75)
+    # Equal attention on K candidates: MIL-NCE's positive minus log K.
+    flat = torch.zeros(2, 2)
+    pos0 = log((exp(1 / T) + exp(0.5 / T)) / 2)
+    expected = (nll(pos0, [0, 0, 0]) + nll(1 / T, [0, 0, 0])) / 2
+    assert L.attn_nce(VIDEO, TEXT, flat, MASK, T).item() == pytest.approx(expected)
+    with pytest.raises(ValueError, match="attention must be"):
+        L.attn_nce(VIDEO, TEXT, torch.zeros(2, 3), MASK, T)
 
-    # Cat: narrations [.75, 0] and [0, 1] -> text-video similarity [[.75, 0], [0, 1]], then NCE
-    rows = softplus(-0.75 / T) + softplus(-1 / T)
-    assert L.cat_nce(VIDEO, TEXT, MASK, T).item() == pytest.approx(0.5 * (rows / 2 + rows / 2))
+
+def _attn_fixed(video, text, mask):
+    return L.attn_nce(video, text, torch.arange(text.shape[1], dtype=torch.float).expand(text.shape[:2]), mask)
 
 
-@pytest.mark.parametrize("fn", [L.milnce, L.max_nce, L.attn_nce, L.cat_nce])
+@pytest.mark.parametrize("fn", [L.milnce, L.max_nce, _attn_fixed])
 def test_milnce_step_raises_positives(fn):
     torch.manual_seed(0)
     video = torch.randn(4, 8)
@@ -223,7 +231,7 @@ def test_wal_adv_routing_keeps_clean_pairs_on_lvc_and_flags_noisy_ones():
     bias drove L_ADV to 0 and sent every pair, clean ones included, to z=1 (97% here)."""
     from torch.nn.functional import normalize
 
-    from pipeline.train.models import WALDiscriminator
+    from pipeline.train.wal import WALDiscriminator
 
     torch.manual_seed(0)
     n = 200
@@ -248,7 +256,7 @@ def test_wal_adv_routing_keeps_clean_pairs_on_lvc_and_flags_noisy_ones():
 
 
 def test_wal_discriminator_draws_z_from_f_adv():
-    from pipeline.train.models import WALDiscriminator
+    from pipeline.train.wal import WALDiscriminator
 
     torch.manual_seed(0)
     s, p_lvc = torch.randn(4000, 8), torch.zeros(4000)
@@ -268,7 +276,7 @@ def test_wal_discriminator_draws_z_from_f_adv():
 
 
 def test_wal_discriminator_loads_checkpoints_with_the_old_z_logits_layer():
-    from pipeline.train.models import WALDiscriminator
+    from pipeline.train.wal import WALDiscriminator
 
     disc = WALDiscriminator(8)
     old = {**disc.state_dict(), "z_logits.weight": torch.zeros(2, 2), "z_logits.bias": torch.zeros(2)}
@@ -286,47 +294,112 @@ def _asynce_case() -> torch.Tensor:
     return torch.stack([f + 0.1, f - 0.1], -1)
 
 
-def test_asynce_soft_frame_by_hand():
+def asynce_reference(ws, word_mask, frame_mask, delta, tau, entity, frame, scale_negatives=True) -> float:
+    """AsyNCE eqs. 1, 4, 5, 7, 8 with Python loops over the real words and frames only."""
+    b = len(ws)
+
+    def frame_scores(i, j):
+        frames = [t for t in range(len(frame_mask[j])) if frame_mask[j][t]]
+        words = [k for k in range(len(word_mask[i])) if word_mask[i][k]]
+        if entity == "mean":  # eq. 1
+            return [sum(float(ws[i][j][t][k]) for k in words) / len(words) for t in frames]
+        out = []  # eq. 7: Σ_k softmax over frames of s/τ, times s
+        for t in frames:
+            total = 0.0
+            for k in words:
+                z = sum(exp(float(ws[i][j][u][k]) / tau) for u in frames)
+                total += exp(float(ws[i][j][t][k]) / tau) / z * float(ws[i][j][t][k])
+            out.append(total)
+        return out
+
+    def positive(values):
+        if frame == "mean":  # eq. 4
+            return sum(values) / len(values)
+        z = sum(exp(v) for v in values)  # eq. 5
+        return sum(exp(v) / z * v for v in values)
+
+    scale = tau if scale_negatives else 1.0
+    total = 0.0
+    for i in range(b):
+        pos = (positive(frame_scores(i, i)) - delta) / tau
+        negs = [v / scale for j in range(b) if j != i for v in frame_scores(i, j)]
+        negs += [v / scale for j in range(b) if j != i for v in frame_scores(j, i)]
+        total += nll(pos, negs)
+    return total / b
+
+
+def test_asynce_mean_entity_by_hand():
     ws, d, t = _asynce_case(), 0.05, 0.5
-    sp0 = exp(1) / (exp(1) + 1)  # softmax([1, 0]) · [1, 0]
+    sp0 = exp(1) / (exp(1) + 1)  # soft frame (eq. 5): softmax([1, 0]) · [1, 0]
     sp1 = 0.5
     negs = [0.2 / t, 0.4 / t, 0.1 / t, 0.3 / t]  # the same four frame scores for both pairs
     expected = (nll((sp0 - d) / t, negs) + nll((sp1 - d) / t, negs)) / 2
-    assert L.asynce(ws, delta=d, temperature=t).item() == pytest.approx(expected)
+    assert L.asynce(ws, delta=d, temperature=t, entity="mean").item() == pytest.approx(expected)
 
-    raw = [n * t for n in negs]  # the formula as METHODS.md writes it: negatives without τ
+    raw = [n * t for n in negs]  # eq. 8 as printed: negatives without τ
     expected = (nll((sp0 - d) / t, raw) + nll((sp1 - d) / t, raw)) / 2
-    assert L.asynce(ws, delta=d, temperature=t, scale_negatives=False).item() == pytest.approx(expected)
+    got = L.asynce(ws, delta=d, temperature=t, entity="mean", scale_negatives=False)
+    assert got.item() == pytest.approx(expected)
 
-    expected = (nll((0.5 - d) / t, negs) + nll((0.5 - d) / t, negs)) / 2
-    assert L.asynce(ws, delta=d, temperature=t, positive="mean").item() == pytest.approx(expected)
+    expected = (nll((0.5 - d) / t, negs) + nll((0.5 - d) / t, negs)) / 2  # mean frame (eq. 4)
+    assert L.asynce(ws, delta=d, temperature=t, entity="mean", frame="mean").item() == pytest.approx(expected)
 
 
-def test_asynce_soft_entity_and_word_mask():
-    ws, d, t = _asynce_case(), 0.05, 0.5
+def test_asynce_soft_entity_follows_eq_7():
+    # Pair (0, 0): s[t, k] = [[1.1, .9], [.1, -.1]], τ = .5. Each word puts softmax weight
+    # σ(2) on frame 0 and σ(-2) on frame 1, so S̄_0 = σ(2)(1.1 + .9) = 2σ(2), S̄_1 = σ(-2)(.1 - .1) = 0.
+    ws, t = _asynce_case(), 0.5
+    sigma2 = 1 / (1 + exp(-2))
+    scores = L.asynce_frame_scores(ws, torch.ones(2, 2, dtype=torch.bool), torch.ones(2, 2, dtype=torch.bool),
+                                   t, "soft")
+    assert scores[0, 0].tolist() == pytest.approx([2 * sigma2, 0.0])
+    # Pair (1, 1): both frames equal for each word: weights 1/2, S̄_t = (.6 + .4)/2 = .5 each.
+    assert scores[1, 1].tolist() == pytest.approx([0.5, 0.5])
+    # soft/soft (the paper's model): S_p = Σ softmax(S̄) S̄, negatives per frame from eq. 7 too.
+    s_p = L.asynce_positive(scores, torch.ones(2, 2, dtype=torch.bool), "soft").diagonal()
+    assert s_p[0].item() == pytest.approx(exp(2 * sigma2) * 2 * sigma2 / (exp(2 * sigma2) + 1))
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    for entity in ("mean", "soft"):
+        for frame in ("mean", "soft"):
+            got = L.asynce(ws, delta=0.05, temperature=t, entity=entity, frame=frame).item()
+            assert got == pytest.approx(asynce_reference(ws, mask, mask, 0.05, t, entity, frame)), (entity, frame)
 
-    def soft(values):  # Σ_t softmax_t(w/τ) w
-        e = [exp(v / t) for v in values]
-        return sum(ei * v for ei, v in zip(e, values)) / sum(e)
 
-    sp0 = (soft([1.1, 0.1]) + soft([0.9, -0.1])) / 2
-    sp1 = (soft([0.6, 0.6]) + soft([0.4, 0.4])) / 2
-    negs = [0.2 / t, 0.4 / t, 0.1 / t, 0.3 / t]
-    expected = (nll((sp0 - d) / t, negs) + nll((sp1 - d) / t, negs)) / 2
-    assert L.asynce(ws, delta=d, temperature=t, positive="entity").item() == pytest.approx(expected)
+@pytest.mark.parametrize("entity", ["mean", "soft"])
+@pytest.mark.parametrize("frame", ["mean", "soft"])
+def test_asynce_does_not_depend_on_padding(entity, frame):
+    """The same 3 pairs padded to 4 and to 7 frames and 5 and 9 words (padding at -1e4, 1e4
+    and NaN) give the same loss as the reference on the real entries alone. Regression: the
+    frame-mean positive averaged padded frames at -1e4 (a loss of 23,816)."""
+    torch.manual_seed(0)
+    frames, words = [2, 4, 3], [5, 2, 4]
+    real = torch.rand(3, 3, 4, 5) * 2 - 1
+    losses_seen = []
+    for t_len, w_len, fill in ((4, 5, -1e4), (7, 9, 1e4), (7, 9, float("nan"))):
+        ws = torch.full((3, 3, t_len, w_len), fill)
+        ws[:, :, :4, :5] = real
+        fmask = torch.tensor([[t < n for t in range(t_len)] for n in frames])
+        wmask = torch.tensor([[k < n for k in range(w_len)] for n in words])
+        ws = torch.where(fmask[None, :, :, None] & wmask[:, None, None, :], ws, torch.full_like(ws, fill))
+        loss = L.asynce(ws, wmask, fmask, delta=0.05, temperature=0.5, entity=entity, frame=frame)
+        assert torch.isfinite(loss)
+        losses_seen.append(loss.item())
+    expected = asynce_reference(real, [[k < n for k in range(5)] for n in words],
+                                [[t < n for t in range(4)] for n in frames], 0.05, 0.5, entity, frame)
+    assert losses_seen == pytest.approx([expected] * 3)
 
-    # Sentence 0 keeps only word 0 (F + .1): its frame scores and its video negatives shift by .1.
-    mask = torch.tensor([[True, False], [True, True]])
-    sp0 = (exp(1.1) * 1.1 + exp(0.1) * 0.1) / (exp(1.1) + exp(0.1))
-    negs0 = [0.3 / t, 0.5 / t, 0.1 / t, 0.3 / t]  # sentence 0 vs video 1, then sentence 1 vs video 0
-    negs1 = [0.1 / t, 0.3 / t, 0.3 / t, 0.5 / t]
-    expected = (nll((sp0 - d) / t, negs0) + nll((0.5 - d) / t, negs1)) / 2
-    assert L.asynce(ws, mask, delta=d, temperature=t).item() == pytest.approx(expected)
 
-    w = ws.clone().requires_grad_(True)
-    L.asynce(w, delta=d, temperature=t).backward()
-    assert (w.grad[0, 0] <= 0).all() and (w.grad[1, 1] <= 0).all()  # positives pushed up
-    assert (w.grad[0, 1] > 0).all() and (w.grad[1, 0] > 0).all()  # negatives pushed down
+def test_asynce_gradient_pushes_positives_up_and_negatives_down():
+    ws = _asynce_case().clone().requires_grad_(True)
+    L.asynce(ws, delta=0.05, temperature=0.5, entity="mean").backward()
+    assert (ws.grad[0, 0] <= 0).all() and (ws.grad[1, 1] <= 0).all()  # positives pushed up
+    assert (ws.grad[0, 1] > 0).all() and (ws.grad[1, 0] > 0).all()  # negatives pushed down
+    # Soft entity (eq. 7) moves weight between frames, so single entries can go either way; a
+    # shift of a whole positive pair keeps the weights and raises S̄: the loss falls.
+    ws.grad = None
+    L.asynce(ws, delta=0.05, temperature=0.5).backward()
+    assert ws.grad[0, 0].sum() < 0 and ws.grad[1, 1].sum() < 0
+    assert (ws.grad[0, 1] >= 0).all() and (ws.grad[1, 0] >= 0).all()
 
 
 def test_registry_covers_every_config_model():

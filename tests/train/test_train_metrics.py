@@ -124,3 +124,43 @@ def test_multiple_choice_fixed_questions_and_ties():
     assert M.multiple_choice(sim, 2, distractors=distractors) == 50.0
     with pytest.raises(ValueError, match="other captions"):
         M.multiple_choice(sim, 2, distractors=[[0], [0], [3], [2]])
+
+
+def test_activity_words_and_torabi_distractor_rule():
+    from pipeline.train.choice import activity_words, distractors, phrase_words
+
+    assert activity_words("SOMEONE opens the door and walks in.") == {"opens", "door", "walks"}
+    assert phrase_words(["open door", "walk in"]) == {"open", "door", "walk", "in"}
+    captions = ["he opens the door", "she closes the door", "they eat soup", "a dog runs",
+                "someone reads a book", "birds sing", "the car stops"]
+    words = [activity_words(c) for c in captions]
+    picked = distractors(words, choices=5, seed=3)
+    assert picked.shape == (7, 4)
+    for j, row in enumerate(picked):
+        assert j not in row and len(set(row.tolist())) == 4
+        assert all(not (words[j] & words[i]) for i in row)  # no shared activity word
+    assert 1 not in picked[0] and 0 not in picked[1]  # "door" rules them out for each other
+    assert (distractors(words, seed=3) == picked).all()
+    with pytest.raises(ValueError, match="caption 0: 2 captions share no activity word"):
+        distractors(words[:4], choices=4)
+
+
+def test_multiple_choice_records_its_rule():
+    from pipeline.train.data import PairSet
+    from pipeline.train.evaluation import multiple_choice
+
+    n = 8
+    sim = np.eye(n) + 0.01 * np.arange(n)[None, :]  # every video scores its own caption highest
+    base = dict(pair_ids=[f"p{i}" for i in range(n)], groups=[f"g{i}" for i in range(n)], splits=["test"] * n,
+                visual=[np.ones(2)] * n, text=[np.ones(2)] * n)
+    captions = [f"word{i} thing{i}" for i in range(n)]
+    assert multiple_choice(sim, PairSet(**base, captions=captions), 0) == {
+        "mc_acc": 100.0, "mc_rule": "caption_content_words"}
+    phrases = PairSet(**base, activities=[[f"make thing{i}"] for i in range(n)], captions=captions)
+    assert multiple_choice(sim, phrases, 0)["mc_rule"].startswith("other_videos (activity_phrases")  # "make"
+    phrases = PairSet(**base, activities=[[f"thing{i}"] for i in range(n)])
+    assert multiple_choice(sim, phrases, 0) == {"mc_acc": 100.0, "mc_rule": "activity_phrases"}
+    assert multiple_choice(sim, PairSet(**base), 0)["mc_rule"] == "other_videos"
+    shared = PairSet(**base, captions=["open door"] * n)  # nothing is a valid distractor
+    out = multiple_choice(sim, shared, 0)
+    assert out["mc_rule"].startswith("other_videos (caption_content_words rule not met")
