@@ -26,16 +26,17 @@ def _feat(cid, name, arr):
 @pytest.fixture
 def corpus():
     c = Corpus(f"memory://train-{uuid.uuid4().hex}")
+    c.init_partitions(1)
     c.write_batch("clips", [
         _clip("a-0", "a", "hello there", candidates=["hello there", "general kenobi", "not a clip"]),
         _clip("a-1", "a", "general kenobi", candidates=["hello there"]),
         _clip("b-0", "b", "hello there", split="test"),
         _clip("c-0", "c", "no features"),
-    ], "b1")
+    ], "b1", "00000")
     c.write_batch("features/resnet34", [_feat(x, "resnet34", np.full((3, 4), i)) for i, x in
-                                        enumerate(["a-0", "a-1", "b-0", "c-0"])], "f1")
+                                        enumerate(["a-0", "a-1", "b-0", "c-0"])], "f1", "00000")
     c.write_batch("features/text_bert", [_feat(x, "text:bert", np.full((6,), i)) for i, x in
-                                         enumerate(["a-0", "a-1", "b-0"])], "t1")
+                                         enumerate(["a-0", "a-1", "b-0"])], "t1", "00000")
     return c
 
 
@@ -157,7 +158,7 @@ def test_collate_shapes_wal_and_candidates():
 def test_from_corpus_concatenates_max_pooled_visual_features(corpus):
     """S-MiT 4.1: ResNet-152 and TSM features, each max-pooled over time, side by side."""
     corpus.write_batch("features/tsm_r50", [_feat(x, "tsm_r50", np.arange(2) + 10 * i) for i, x in
-                                            enumerate(["a-0", "b-0"])], "t2")
+                                            enumerate(["a-0", "b-0"])], "t2", "00000")
     pairs = PairSet.from_corpus(corpus, ["resnet34", "tsm_r50"], "text:bert")
     assert pairs.pair_ids == ["a-0", "b-0"]  # a-1 has no tsm_r50 features
     assert pairs.visual[1].tolist() == [2, 2, 2, 2, 10, 11]  # max over b-0's 3 frames of 2s, then tsm

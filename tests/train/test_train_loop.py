@@ -250,9 +250,10 @@ def test_cli_eval_on_flag(tmp_path):
                        "values": rng.normal(size=8).astype("float16")})
         text.append({"clip_id": cid, "extractor": "text:x", "weights": "none", "shape": [6],
                      "values": rng.normal(size=6).astype("float16")})
-    corpus.write_batch("clips", clips, "syn", done={c["video_id"]: 1 for c in clips})
-    corpus.write_batch("features/resnet34", visual, "syn", done={r["clip_id"]: 1 for r in visual})
-    corpus.write_batch("features/text_x", text, "syn", done={r["clip_id"]: 1 for r in text})
+    corpus.init_partitions(2)
+    corpus.write_partitioned("clips", clips, "syn", done=[c["video_id"] for c in clips])
+    corpus.write_partitioned("features/resnet34", visual, "syn", done=[r["clip_id"] for r in visual])
+    corpus.write_partitioned("features/text_x", text, "syn", done=[r["clip_id"] for r in text])
     config = tmp_path / "c.yaml"
     config.write_text(f"name: syn\nroot: {root}\nsources:\n  - type: urls\n    urls: [http://127.0.0.1/x]\n"
                       "features:\n  extractors:\n    - {name: resnet34, weights: none}\n    - {name: 'text:x'}\n"
