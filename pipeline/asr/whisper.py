@@ -14,12 +14,12 @@ import os
 import threading
 from typing import Any
 
-import ctranslate2
 from faster_whisper import WhisperModel, available_models
 from faster_whisper.utils import download_model
 
 from pipeline.asr import AsrSetupError
 from pipeline.config import AsrConfig
+from pipeline.device import pick_device
 from pipeline.errors import BadInputError
 from pipeline.segment import Word
 
@@ -94,16 +94,6 @@ def resolve_model(name: str) -> str:
         ) from None
 
 
-def pick_device(device: str) -> str:
-    """"auto" is cuda when CTranslate2 sees a GPU, else cpu."""
-    if device != "auto":
-        return device
-    try:
-        return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
-    except Exception:  # noqa: BLE001 - a broken CUDA install means no GPU for us
-        return "cpu"
-
-
 def pick_compute_type(compute_type: str | None, device: str) -> str:
     if compute_type:
         return compute_type
@@ -112,7 +102,7 @@ def pick_compute_type(compute_type: str | None, device: str) -> str:
 
 def load_model(name: str, device: str = "auto", compute_type: str | None = None) -> WhisperModel:
     """The model, loaded once per process for each (model, device, compute type)."""
-    device = pick_device(device)
+    device = pick_device(device, "transcribe.asr.device")
     compute_type = pick_compute_type(compute_type, device)
     with _LOCK:
         path = resolve_model(name)
@@ -137,7 +127,7 @@ class WhisperBackend:
 
     def __init__(self, cfg: AsrConfig) -> None:
         self.cfg = cfg
-        self.device = pick_device(cfg.device)
+        self.device = pick_device(cfg.device, "transcribe.asr.device")
         self.compute_type = pick_compute_type(cfg.compute_type, self.device)
         self.model = load_model(cfg.model, self.device, self.compute_type)
         if cfg.language not in (None, "en") and not self.model.model.is_multilingual:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pipeline.config import TEXT_PREFIX, ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
 from pipeline.features import milnce, resnet, s3d, text, tsm  # noqa: F401  (each registers its builders)
-from pipeline.features.base import TextExtractor, VisualExtractor, pick_device
+from pipeline.features.base import TextExtractor, VisualExtractor, torch_device
 from pipeline.features.registry import EXTRACTORS, Builder, Extractor, register
 from pipeline.features.weights import WeightsError
 
@@ -48,6 +48,6 @@ __all__ = [
     "VisualExtractor",
     "WeightsError",
     "build_extractor",
-    "pick_device",
+    "torch_device",
     "register",
 ]

@@ -21,6 +21,7 @@ from torch import nn
 from torchvision.transforms import functional as TF
 
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
+from pipeline.device import pick_device
 from pipeline.errors import SetupError
 from pipeline.media import FrameSpec
 
@@ -68,15 +69,9 @@ class TextExtractor(abc.ABC):
         """float32 [D] per text (mean over its real tokens), or [K, D] when ``keep_tokens``."""
 
 
-def pick_device(choice: str) -> torch.device:
-    """``"auto"``: the GPU when there is one, else the CPU. Asking for a GPU that is not there is
-    a setup error: silently running on the CPU would take days instead of hours."""
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(choice)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SetupError(f"features.device is {choice!r} but torch sees no CUDA device")
-    return device
+def torch_device(choice: str) -> torch.device:
+    """The torch device for ``features.device``."""
+    return torch.device(pick_device(choice, "features.device"))
 
 
 def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:
@@ -156,7 +151,7 @@ class TorchVisualExtractor(VisualExtractor):
         self.spec = spec
         self.pooled = pooled
         self.layout = layout
-        self.device = pick_device(features.device)
+        self.device = torch_device(features.device)
         self.dtype = autocast_dtype(self.device, features.precision)
         self.memory_format = None
         if self.device.type == "cuda":

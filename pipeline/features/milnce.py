@@ -31,7 +31,7 @@ from torch import nn
 
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.features.base import TextExtractor, TorchVisualExtractor, autocast_dtype, frame_spec, inference, \
-    pick_device
+    torch_device
 from pipeline.features.registry import register
 from pipeline.features.weights import WeightsError, file_id, load_weights, on_meta, random_init, read_state_dict
 
@@ -327,7 +327,7 @@ class MilNceTextExtractor(TextExtractor):
         self.name = cfg.name
         self.keep_tokens = cfg.keep_tokens
         self.dim = net.text_module.word_embd.embedding_dim if self.keep_tokens else EMBED_DIM
-        self.device = pick_device(features.device)
+        self.device = torch_device(features.device)
         self.dtype = autocast_dtype(self.device, features.precision)
         assert net.text_module is not None
         self.module = net.text_module.eval().requires_grad_(False).float().to(self.device)

@@ -12,7 +12,7 @@ import numpy as np
 
 from pipeline.config import TEXT_PREFIX, ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
-from pipeline.features.base import TextExtractor, autocast_dtype, inference, pick_device
+from pipeline.features.base import TextExtractor, autocast_dtype, inference, torch_device
 from pipeline.features.registry import register
 from pipeline.features.weights import WeightsError, file_id, local_weights, random_init
 
@@ -50,7 +50,7 @@ class HFTextExtractor(TextExtractor):
         self.dim = int(model.config.hidden_size)
         self.keep_tokens = cfg.keep_tokens
         self.batch_size = cfg.batch_size
-        self.device = pick_device(features.device)
+        self.device = torch_device(features.device)
         self.dtype = autocast_dtype(self.device, features.precision)
         self.tokenizer = tokenizer
         limit = tokenizer.model_max_length

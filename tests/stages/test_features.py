@@ -16,7 +16,7 @@ from conftest import require_binaries
 
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
-from pipeline.features import EXTRACTORS, TextExtractor, VisualExtractor, WeightsError, build_extractor, pick_device
+from pipeline.features import EXTRACTORS, TextExtractor, VisualExtractor, WeightsError, build_extractor, torch_device
 from pipeline.features.base import autocast_dtype, fit_frames
 from pipeline.features.milnce import S3DG, WordTokenizer
 from pipeline.features.tsm import ShiftSettings, parse_settings, shift
@@ -112,11 +112,11 @@ def test_prepare_resizes_only_frames_not_at_spec_size() -> None:
 
 
 def test_device_and_precision() -> None:
-    assert pick_device("cpu") == torch.device("cpu")
-    assert pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert torch_device("cpu") == torch.device("cpu")
+    assert torch_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
-        with pytest.raises(SetupError, match="no CUDA"):
-            pick_device("cuda")
+        with pytest.raises(SetupError, match="features.device is 'cuda' but no CUDA device"):
+            torch_device("cuda")
     for precision in ("auto", "bf16", "fp16", "fp32"):  # reduced precision is for GPUs only
         assert autocast_dtype(torch.device("cpu"), precision) is None
     assert autocast_dtype(torch.device("cuda"), "fp16") is torch.float16
