@@ -40,6 +40,7 @@ from pipeline.errors import BadInputError, ErrorKind, classify
 from pipeline.ids import batch_name, safe_id, video_id
 from pipeline.progress import log, track
 from pipeline.runner import StageContext, retrying
+from pipeline.urls import canonical_url
 from pipeline.ytdlp import base_options, extract
 
 
@@ -136,6 +137,7 @@ def row_from_entry(entry: dict[str, Any], source: str, query: str) -> dict[str, 
     url = entry.get("webpage_url") or entry.get("url")
     if not ident or not url or entry.get("_type") == "playlist":
         return None
+    url = canonical_url(url)
     extractor = entry.get("ie_key") or entry.get("extractor_key") or "generic"
     return _row(
         url, source, query, extractor, str(ident),
@@ -170,6 +172,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def row_from_url(url: str, source: str, query: str | None, **meta: Any) -> dict[str, Any]:
+    """A videos row of a video URL, kept and identified in its canonical form."""
+    url = canonical_url(url)
     extractor, ident = id_for_url(url)
     return _row(url, source, query, extractor, ident, **meta)
 
