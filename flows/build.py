@@ -10,6 +10,7 @@ limit, so the limit holds across workers and across builds.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -19,7 +20,6 @@ from typing import Any
 import dask
 from prefect import Flow, flow, get_run_logger, task
 from prefect.client.orchestration import get_client
-from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.cache_policies import NO_CACHE
 from prefect.logging.handlers import APILogWorker
@@ -27,6 +27,7 @@ from prefect.task_runners import TaskRunner
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect_dask import DaskTaskRunner
 
+from flows.shared import PREFECT
 from pipeline.config import Config, config_hash, dump_config, load_config
 from pipeline.runner import BatchReport, Item, plan, run_batch
 from pipeline import limits
@@ -48,7 +49,7 @@ def run_batch_task(
 ) -> dict[str, Any]:
     # Stages are rebuilt on the worker from their name: only data travels, never closures.
     stage = _part(stage_name, cfg)
-    with limits.using(prefect_slot):
+    with limits.using(PREFECT):
         report = run_batch(stage, items, context(Corpus(root), cfg))
     return {**asdict(report), "worker": _worker_name()}
 
@@ -67,14 +68,6 @@ def _worker_name() -> str:
       cache_policy=NO_CACHE, persist_result=False)
 def run_step_task(step_name: str, root: str, cfg: Config) -> dict[str, Any]:
     return _part(step_name, cfg)(context(Corpus(root), cfg))
-
-
-@contextmanager
-def prefect_slot(name: str, limit: int) -> Iterator[None]:
-    """One slot of the Prefect global concurrency limit ``name``, which holds across every
-    worker and every build on the server; ``limit`` was set by `prepare_download_limit`."""
-    with concurrency(name, occupy=1, strict=True):
-        yield
 
 
 def prepare_download_limit(cfg: Config) -> None:
@@ -106,6 +99,7 @@ def run_parts(name: str, cfg: Config, corpus: Corpus, retry_failed: bool = False
             reports[stage.name] = run_step_task.submit(stage.name, corpus.url, cfg).result()
             continue
         size = stage.batch_size or cfg.execution.batch_size
+        started = time.time()
         batches, report = plan(stage, context(corpus, cfg), size, retry_failed)
         logger.info(
             "%s: %d items, %d done before, %d failed before, %d batches to run",
@@ -123,6 +117,11 @@ def run_parts(name: str, cfg: Config, corpus: Corpus, retry_failed: bool = False
             result = future.result()
             workers.add(result.pop("worker"))
             report.add(BatchReport(**result))
+        if report.stopped:
+            logger.warning("%s: %s", stage.name, report.stopped)
+        if stage.finish is not None:
+            with limits.using(PREFECT):
+                report.figures = stage.finish(context(corpus, cfg), report, started)
         reports[stage.name] = {**asdict(report), "workers": sorted(workers)}
     return reports
 

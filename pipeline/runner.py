@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import pyarrow.dataset as ds
 
-from pipeline.errors import ErrorKind, SetupError, classify
+from pipeline.errors import ErrorKind, SetupError, StageStopped, classify
 from pipeline.ids import batch_name
 from pipeline.progress import Counter, log
 from pipeline.storage import Corpus
@@ -89,6 +89,9 @@ def retrying(fn: Callable[[], T], policy: RetryPolicy) -> tuple[T | None, Except
 
 
 Process = Callable[[Sequence[Item], StageContext], list[Outcome]]
+# Called once after a run of the stage with its report and start time (time.time()); returns
+# figures of the run that join the report.
+Finish = Callable[[StageContext, "StageReport", float], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class Stage:
     items: Callable[[StageContext], Iterable[Item]]
     process: Process
     batch_size: int | None = None  # items per committed batch; None: execution.batch_size
+    finish: Finish | None = None
 
 
 ItemFn = Callable[[Item, StageContext], "list[dict[str, Any]] | Outcome"]
@@ -116,7 +120,7 @@ def per_item(fn: ItemFn) -> Process:
                 result = fn(item, ctx)
                 outcomes.append(result if isinstance(result, Outcome)
                                 else Outcome(item.key, rows=result))
-            except SetupError:
+            except (SetupError, StageStopped):
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure becomes an errors row
                 kind, message = classify(exc)
@@ -134,13 +138,19 @@ class BatchReport:
     ok: int = 0
     rows: int = 0
     errors: dict[str, int] = field(default_factory=dict)  # kind -> items
+    counters: dict[str, int] = field(default_factory=dict)  # the outcomes' stats, summed
+    stopped: str | None = None  # why the stage stopped early (StageStopped)
+    left: int = 0  # items the stop left to do
 
     def add(self, other: BatchReport) -> None:
         self.items += other.items
         self.ok += other.ok
         self.rows += other.rows
-        for kind, n in other.errors.items():
-            self.errors[kind] = self.errors.get(kind, 0) + n
+        self.left += other.left
+        self.stopped = self.stopped or other.stopped
+        for mine, theirs in ((self.errors, other.errors), (self.counters, other.counters)):
+            for key, n in theirs.items():
+                mine[key] = mine.get(key, 0) + n
 
 
 @dataclass
@@ -148,6 +158,7 @@ class StageReport(BatchReport):
     total: int = 0
     skipped_done: int = 0
     skipped_failed: int = 0
+    figures: dict[str, Any] = field(default_factory=dict)  # from the stage's finish
 
 
 def input_items(corpus: Corpus, table: str, key: str) -> list[Item]:
@@ -201,12 +212,23 @@ def plan(
 
 
 def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext) -> BatchReport:
-    """Process one batch with retries for transient failures, then commit it."""
+    """Process one batch with retries for transient failures, then commit it. When the stage
+    stops (StageStopped), what was settled is committed and the rest stays to do."""
     pending = list(items)
     settled: dict[str, Outcome] = {}
     tries: Tally = Tally()
     for attempt in range(1, ctx.retry.attempts + 1):
-        for outcome in _process_guarded(stage, pending, ctx):
+        try:
+            outcomes = _process_guarded(stage, pending, ctx)
+        except StageStopped as stop:
+            for outcome in stop.finished:
+                tries[outcome.key] = attempt
+                settled[outcome.key] = outcome
+            report = commit(stage, [i for i in items if i.key in settled], settled, tries,
+                            ctx.corpus)
+            report.items, report.left, report.stopped = len(items), len(items) - report.items, str(stop)
+            return report
+        for outcome in outcomes:
             tries[outcome.key] = attempt
             settled[outcome.key] = outcome
         pending = [i for i in pending if settled[i.key].kind == ErrorKind.TRANSIENT]
@@ -222,7 +244,7 @@ def _process_guarded(stage: Stage, items: Sequence[Item], ctx: StageContext) -> 
     """A batch function that raises fails every item of the batch, not the run."""
     try:
         outcomes = stage.process(items, ctx)
-    except SetupError:
+    except (SetupError, StageStopped):
         raise
     except Exception as exc:  # noqa: BLE001 - recorded per item below
         kind, message = classify(exc)
@@ -247,6 +269,8 @@ def commit(
     error_rows = []
     for item in items:
         outcome = outcomes[item.key]
+        for key, n in outcome.stats.items():
+            report.counters[key] = report.counters.get(key, 0) + n
         if outcome.ok:
             continue
         report.errors[outcome.kind.value] = report.errors.get(outcome.kind.value, 0) + 1
@@ -283,6 +307,7 @@ def run_stage(
     stage: Stage, ctx: StageContext, batch_size: int, retry_failed: bool = False
 ) -> StageReport:
     """Run a stage to completion in this process (flows run the batches on Dask instead)."""
+    started = time.time()
     batches, report = plan(stage, ctx, batch_size, retry_failed)
     todo = sum(len(b) for b in batches)
     log.info(
@@ -293,5 +318,9 @@ def run_stage(
         for batch in batches:
             report.add(run_batch(stage, batch, ctx))
             bar.advance(len(batch))
+    if report.stopped:
+        log.warning("%s: %s", stage.name, report.stopped)
+    if stage.finish is not None:
+        report.figures = stage.finish(ctx, report, started)
     return report
 
