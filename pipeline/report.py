@@ -52,6 +52,13 @@ def _column(corpus: Corpus, table: str, columns: list[str]) -> list[dict[str, An
     return corpus.read(table, columns=columns).to_pylist() if table in corpus.tables() else []
 
 
+def download_runs(corpus: Corpus) -> list[dict[str, Any]]:
+    """The figures each download run left in ``runs/download/`` (pipeline/download.py), oldest
+    first: downloads per minute, pauses for blocks, outcomes by kind."""
+    paths = sorted(corpus.fs.glob(corpus.path("runs/download/*.json")))
+    return [json.loads(corpus.fs.cat(path)) for path in paths]
+
+
 def compute_stats(corpus: Corpus) -> dict[str, Any]:
     summary = summarize(corpus)
     tables = summary["tables"]
@@ -99,6 +106,7 @@ def compute_stats(corpus: Corpus) -> dict[str, Any]:
         "words_per_sentence": {**_percentiles(words),
                                "histogram": _histogram(words, [0, 3, 5, 8, 12, 16, 24, 32, 64])},
         "per_source": per_query,
+        "download_runs": download_runs(corpus),
     }
 
 
@@ -205,6 +213,14 @@ def render_html(stats: dict[str, Any], cards: list[dict[str, Any]]) -> str:
         ["source", "videos", "downloaded", "with subtitles", "clips"],
         [[k, v["videos"], v["downloaded"], v["with_subtitles"], v["clips"]]
          for k, v in stats["per_source"].items()]))
+    if stats["download_runs"]:
+        kinds = ("blocked", "permanent", "transient", "bad_input")
+        parts.append("<h2>Download runs</h2>" + _table(
+            ["started", "videos", "downloaded", "per minute", "pauses for blocks",
+             "seconds paused", *kinds, "left to do", "stopped"],
+            [[r["started"], r["videos"], r["downloaded"], r["per_minute"], r["pauses"],
+              r["paused_s"], *(r["errors"].get(k, 0) for k in kinds), r["left"],
+              r["stopped"] or ""] for r in stats["download_runs"]]))
     if stats["errors"]["by_message"]:
         parts.append("<h2>Errors by message</h2>" + _table(
             ["message", "items"], [[k, v] for k, v in stats["errors"]["by_message"].items()]))
