@@ -74,13 +74,14 @@ def test_planted_secrets_appear_in_no_output_of_a_build(demo_corpus, tmp_path, p
     assert validate(Corpus(str(root))) == []
 
     from prefect.logging.handlers import APILogWorker
-    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL
+    from prefect.settings import Settings
 
     APILogWorker.drain_all()  # the run's logs, into the server's database
     out, err = capfd.readouterr()
-    # The server's SQLite file and its journal files (a session-wide test harness may have
-    # moved the database out of PREFECT_HOME).
-    db = Path(PREFECT_API_DATABASE_CONNECTION_URL.value().split(":///", 1)[1])
+    # The server's SQLite file and its journal files, where the server process sees them: this
+    # process read its Prefect settings before the fixture set PREFECT_HOME.
+    url = Settings().server.database.connection_url.get_secret_value()
+    db = Path(url.split(":///", 1)[1])
     database = [p for p in db.parent.iterdir() if p.name.startswith(db.name)]
     searched = [*_files(root), *_files(Path(os.environ["PREFECT_HOME"])), *database]
     assert any(p.suffix == ".parquet" for p in searched) and db in database
