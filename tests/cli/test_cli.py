@@ -116,3 +116,13 @@ def test_train_and_eval_commands(tmp_path):
     assert again["t2v"]["R@1"] == metrics["t2v"]["R@1"]
     missing = vlcorpus("eval", str(config), "--checkpoint", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "no checkpoint" in missing.stderr
+
+
+def test_build_output_says_why_a_stage_stopped(capsys):
+    from pipeline.cli import _emit
+
+    stopped = "downloads stopped: the site has refused this session for 61 min ... or wait"
+    _emit({"root": "r", "tables": {}, "errors": {}, "stages": {
+        "download": {"ok": 3, "stopped": stopped, "left": 9}, "transcribe": {"ok": 3}}}, "rich")
+    out = capsys.readouterr().out
+    assert "download: downloads stopped: the site has refused" in out and "transcribe:" not in out
