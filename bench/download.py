@@ -26,7 +26,8 @@ def run(base: str, names: list[str], concurrency: int, work: Path) -> tuple[floa
     cfg = parse_config({
         "name": "bench",
         "sources": [{"type": "urls", "urls": [base + n for n in names]}],
-        "download": {"concurrency": concurrency},
+        # No pacing and no per-host cap: the bench measures concurrency alone.
+        "download": {"concurrency": concurrency, "per_host": None, "rate_limit": None},
         "execution": {"batch_size": max(concurrency * 4, 16)},
     })
     ctx = context(Corpus(str(work / f"c{concurrency}")), cfg)

@@ -17,8 +17,6 @@ limit, so the limit holds across workers and across builds.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,13 +25,13 @@ import dask
 from prefect import Flow, flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
-from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
 
 from flows.services import build_services
+from flows.shared import PREFECT
 
 from pipeline import limits, retention
 from pipeline.config import Config, config_hash, dump_config, load_config
@@ -55,7 +53,7 @@ def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
     started = time.monotonic()
     ctx = context(Corpus(root), cfg)
     reports = {}
-    with limits.using(prefect_slot):
+    with limits.using(PREFECT):
         for part in parts(stage_name, cfg):
             size = part.batch_size or cfg.execution.batch_size
             reports[part.name] = asdict(run_partition(part, ctx, partition, size, retry_failed))
@@ -88,14 +86,6 @@ def _worker_name() -> str:
         return str(get_worker().name)
     except (ImportError, ValueError):
         return "local"
-
-
-@contextmanager
-def prefect_slot(name: str, limit: int) -> Iterator[None]:
-    """One slot of the Prefect global concurrency limit ``name``, which holds across every
-    worker and every build on the server; ``limit`` was set by `prepare_download_limit`."""
-    with concurrency(name, occupy=1, strict=True):
-        yield
 
 
 def prepare_download_limit(cfg: Config) -> None:
@@ -152,6 +142,7 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
     most ``execution.max_inflight_partitions`` chains at once, or one stage over all
     partitions before the next. Returns each part's totals (and the shard listings)."""
     logger = get_run_logger()
+    started = time.time()
     labels = corpus.labels()
     totals = {name: StageTotals() for name in stage_names}
     results: list[dict[str, Any]] = []
@@ -173,7 +164,10 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
                 inflight[chain[-1]] = chain
             finished = next(as_completed(list(inflight)))
             try:
-                results += [f.result() for f in inflight.pop(finished)]
+                chain_results = [f.result() for f in inflight.pop(finished)]
+                results += chain_results
+                if _stopped(chain_results):
+                    pending.clear()  # a stage stopped (downloads blocked): no new partitions
             except Exception as exc:  # noqa: BLE001 - raised once the chains in flight are done
                 # A task that failed past its retries (a setup problem, a full disk): start no
                 # new partition, let the others finish their batches, then fail the build.
@@ -188,6 +182,17 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
             logger.info("%s: %d partitions done", stage, len(labels))
     for result in results:
         totals[result["stage"]].add(result)
+    ctx = context(corpus, cfg)
+    for name in stage_names:
+        for part in parts(name, cfg):
+            report = totals[name].parts.get(part.name)
+            if report is None:
+                continue
+            if report.stopped:
+                logger.warning("%s: %s", part.name, report.stopped)
+            if part.finish is not None:
+                with limits.using(PREFECT):
+                    report.figures = part.finish(ctx, report, started)
     out: dict[str, dict[str, Any]] = {}
     for total in totals.values():
         out.update(total.as_dicts())
@@ -199,6 +204,10 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
         out["shard"] = {**out.get("shard", {}), **listing_task(corpus.url, cfg, changed, written),
                         "media_released": shard.released}
     return out
+
+
+def _stopped(results: list[dict[str, Any]]) -> bool:
+    return any(p.get("stopped") for r in results for p in r["parts"].values())
 
 
 def _start(cfg: Config, root: str) -> Corpus:

@@ -54,6 +54,9 @@ def _emit(summary: dict, mode: LogFormat) -> None:
     out = Console()
     print_summary(summary, out)
     stages = summary.get("stages", {})
+    for name, report in stages.items():
+        if isinstance(report, dict) and report.get("stopped"):
+            out.print(f"{name}: {report['stopped']}", style="red", markup=False, highlight=False)
     if "report" in stages:
         out.print(f"report: {stages['report']['html']}", highlight=False)
     for kind in ("webdataset", "parquet"):

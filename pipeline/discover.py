@@ -49,6 +49,7 @@ from pipeline.partitions import CORPUS, index_of as partition_index
 from pipeline.progress import log, track
 from pipeline.runner import RetryPolicy, StageContext, error_row, retrying
 from pipeline.storage import Corpus
+from pipeline.urls import canonical_url
 from pipeline.ytdlp import base_options, extract
 from schemas.tables import VIDEOS
 
@@ -146,6 +147,7 @@ def row_from_entry(entry: dict[str, Any], source: str, query: str) -> dict[str, 
     url = entry.get("webpage_url") or entry.get("url")
     if not ident or not url or entry.get("_type") == "playlist":
         return None
+    url = canonical_url(url)
     extractor = entry.get("ie_key") or entry.get("extractor_key") or "generic"
     return _row(
         url, source, query, extractor, str(ident),
@@ -180,6 +182,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def row_from_url(url: str, source: str, query: str | None, **meta: Any) -> dict[str, Any]:
+    """A videos row of a video URL, kept and identified in its canonical form."""
+    url = canonical_url(url)
     extractor, ident = id_for_url(url)
     return _row(url, source, query, extractor, ident, **meta)
 

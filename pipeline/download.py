@@ -1,19 +1,31 @@
 """The download stage: videos in; media/, subs/ and one ``downloads`` row per video out.
 
-One yt-dlp call per video fetches the media and its subtitles together (manual first, auto
-as fallback). The file is checked before the row counts as done; a bad file is removed and
-becomes an errors row. Concurrency is bounded cluster-wide by ``download.concurrency``.
+One yt-dlp extraction per video fetches the media and its subtitles together (manual first,
+auto as fallback; a track that fails to download or to read is dropped for the next choice).
+The file is checked before the row counts as done; a bad file is removed and becomes an errors
+row. An HTTP 403 is extracted again once (signed media URLs expire).
+
+Politeness and blocks, shared by every worker and build once flows/ installs Prefect's backend
+(pipeline.limits): each download waits for the breaker (pipeline/breaker.py) and a turn of
+``download.rate_limit``, and holds a slot of ``download.per_host`` and of
+``download.concurrency``. A video refused because the session is blocked waits out the pause
+and is tried again; a block longer than ``download.max_block_s`` stops the stage with the
+videos not downloaded left to do. Each run's figures land in ``runs/download/`` for the report.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import posixpath
 import tempfile
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,23 +33,37 @@ from urllib.parse import unquote, urlsplit
 
 from yt_dlp.utils import download_range_func
 
+from pipeline import limits
+from pipeline.breaker import Gate, Policy, Ticket
 from pipeline.config import Config, DownloadConfig
 from pipeline.discover import scheme_problem
-from pipeline.errors import BadInputError, PermanentError
-from pipeline.limits import slot
+from pipeline.errors import (
+    BadInputError,
+    BlockedError,
+    ErrorKind,
+    PermanentError,
+    SetupError,
+    StageStopped,
+    classify,
+    error,
+)
+from pipeline.ids import safe_id
 from pipeline.media import check_video
+from pipeline.progress import log
 from pipeline.retention import needed_again
-from pipeline.runner import Item, Outcome, Stage, StageContext, per_item, table_inputs
+from pipeline.runner import Item, Outcome, Stage, StageContext, StageReport, per_item, table_inputs
 from pipeline.storage import Corpus
-from pipeline.ytdlp import base_options, extract
+from pipeline.subtitles import check_size, read_cues
+from pipeline.ytdlp import Egress, ForbiddenError, base_options, download, egresses
 
 SIDECAR_EXTENSIONS = (".vtt", ".srt")
 
 
-def ytdlp_options(cfg: Config, workdir: str, vid: str, row: dict[str, Any]) -> dict[str, Any]:
+def ytdlp_options(cfg: Config, workdir: str, vid: str, row: dict[str, Any],
+                  egress: Egress | None = None) -> dict[str, Any]:
     """Options of the one yt-dlp call for a video: media + subtitles, named by video_id only."""
     dl = cfg.download
-    opts = base_options(dl) | {
+    opts = base_options(dl, egress) | {
         "format": dl.format,
         "outtmpl": {
             "default": f"{workdir}/media/{vid}.%(ext)s",
@@ -62,12 +88,32 @@ def ytdlp_options(cfg: Config, workdir: str, vid: str, row: dict[str, Any]) -> d
     return opts
 
 
+def _subtitle_path(workdir: str, vid: str, lang: str, sub: dict[str, Any]) -> str:
+    # yt-dlp reports the path before its final move into the "subtitle" template's folder.
+    return os.path.join(workdir, "subs", f"{vid}.{lang}.{sub.get('ext', 'vtt')}")
+
+
+def _unreadable_subtitles(info: dict[str, Any], workdir: str, vid: str) -> dict[str, str]:
+    """{lang: why} of the downloaded tracks that do not read as subtitles; their files go."""
+    bad = {}
+    for lang, sub in (info.get("requested_subtitles") or {}).items():
+        path = _subtitle_path(workdir, vid, lang, sub)
+        if not os.path.exists(path):
+            continue
+        try:
+            check_size(os.path.getsize(path))
+            read_cues(Path(path).read_bytes())
+        except BadInputError as exc:
+            os.remove(path)
+            bad[lang] = str(exc)
+    return bad
+
+
 def _subtitle_rows(info: dict[str, Any], workdir: str, vid: str) -> list[dict[str, str]]:
     manual = set(info.get("subtitles") or {})
     rows = []
     for lang, sub in sorted((info.get("requested_subtitles") or {}).items()):
-        # yt-dlp reports the path before its final move into the "subtitle" template's folder.
-        path = os.path.join(workdir, "subs", f"{vid}.{lang}.{sub.get('ext', 'vtt')}")
+        path = _subtitle_path(workdir, vid, lang, sub)
         if os.path.exists(path):
             rows.append({"lang": lang, "kind": "manual" if lang in manual else "auto",
                          "path": os.path.relpath(path, workdir)})
@@ -126,18 +172,82 @@ def _remove(paths: Sequence[str]) -> None:
             os.remove(path)
 
 
-def _fetch(row: dict[str, Any], cfg: Config, workdir: str) -> dict[str, Any]:
+@dataclass
+class _Batch:
+    """What the videos of one batch share: the breaker, refusals met per video, and the HTTP
+    403s to judge once the batch is over (by then other videos say whether it was a block)."""
+
+    gate: Gate
+    refusals: Counter = field(default_factory=Counter)
+    forbidden: dict[str, tuple[Ticket, float]] = field(default_factory=dict)
+
+
+def _gate(cfg: DownloadConfig) -> Gate:
+    policy = Policy(cfg.block_threshold, cfg.block_window_s, cfg.block_cooldown_s,
+                    cfg.block_cooldown_max_s, cfg.max_block_s)
+    store = limits.store(f"{cfg.concurrency_limit}-breaker")
+    return Gate(store, policy, [egress.key for egress in egresses(cfg)])
+
+
+@contextmanager
+def _slots(cfg: DownloadConfig, url: str) -> Iterator[None]:
+    # The host's slot first: a download waiting for its host holds no slot other hosts need.
+    # (Waiting for the breaker with slots held costs nothing: it waits only when every egress
+    # is paused, when no download may go anyway.)
+    with ExitStack() as stack:
+        if cfg.per_host:
+            host = safe_id(urlsplit(url).hostname or "none")
+            stack.enter_context(limits.slot(f"{cfg.concurrency_limit}-host-{host}", cfg.per_host))
+        stack.enter_context(limits.slot(cfg.concurrency_limit, cfg.concurrency))
+        yield
+
+
+def _download(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch
+              ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The yt-dlp call of a video, through the breaker: (info, its options, dropped tracks)."""
+    dl, vid = cfg.download, row["video_id"]
+    by_key = {egress.key: egress for egress in egresses(dl)}
+    forbidden = 0
+    while True:
+        with _slots(dl, row["url"]):
+            if dl.rate_limit:
+                limits.rate(f"{dl.concurrency_limit}-rate", dl.rate_limit, dl.concurrency)
+            # Last before the request: a pause that began meanwhile still holds it back.
+            ticket = batch.gate.admit()
+            opts = ytdlp_options(cfg, workdir, vid, row, by_key[ticket.egress])
+            caps = _Caps(dl)
+            opts["progress_hooks"] = [caps]
+            try:
+                info, dropped = download(row["url"], opts,
+                                         lambda got: _unreadable_subtitles(got, workdir, vid))
+            except (FileTooLarge, DownloadTooSlow):
+                # Nothing to resume: the next try would stop at the same cap.
+                _remove(sorted(caps.files | {f"{name}.part" for name in caps.files}))
+                raise
+            except BlockedError:
+                batch.refusals[vid] += 1
+                if batch.gate.refused(ticket, vid):
+                    continue  # its egress now pauses: this video waits, then goes again
+                raise
+            except ForbiddenError:
+                forbidden += 1
+                if forbidden == 1:
+                    continue  # a signed media URL may have expired: extract again, once
+                batch.refusals[vid] += 1
+                if batch.gate.refused(ticket, vid, strong=False):
+                    forbidden = 0  # 403s across videos paused the egress: a block after all
+                    continue
+                batch.forbidden[vid] = (ticket, batch.gate.clock())
+                raise
+            batch.gate.succeeded(ticket)
+            return info, opts, dropped
+
+
+def _fetch(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch) -> Outcome:
     vid = row["video_id"]
-    opts = ytdlp_options(cfg, workdir, vid, row)
-    with slot(cfg.download.concurrency_limit, cfg.download.concurrency):
-        caps = _Caps(cfg.download)
-        opts["progress_hooks"] = [caps]
-        try:
-            info = extract(row["url"], opts, download=True)
-        except (FileTooLarge, DownloadTooSlow):
-            # Nothing to resume: the next try would stop at the same cap.
-            _remove(sorted(caps.files | {f"{name}.part" for name in caps.files}))
-            raise
+    info, opts, dropped = _download(row, cfg, workdir, batch)
+    for note in dropped:
+        log.warning("%s: %s; the next subtitle source is used", vid, note)
     media = _media_path(info, opts["logger"].notes)
     subs = _subtitle_rows(info, workdir, vid)
     try:
@@ -145,7 +255,7 @@ def _fetch(row: dict[str, Any], cfg: Config, workdir: str) -> dict[str, Any]:
     except BadInputError:
         _remove([media] + [os.path.join(workdir, s["path"]) for s in subs])
         raise
-    return {
+    result = {
         "video_id": vid,
         "media_path": os.path.relpath(media, workdir),
         "subtitles": subs,
@@ -159,11 +269,16 @@ def _fetch(row: dict[str, Any], cfg: Config, workdir: str) -> dict[str, Any]:
         "status": "partial" if "download_ranges" in opts else "ok",
         "downloaded_at": datetime.now(UTC),
     }
+    return Outcome(vid, rows=[result], stats={"subtitles_dropped": len(dropped)} if dropped else {})
+
+
+def _file_path(row: dict[str, Any]) -> str:
+    return unquote(urlsplit(row["url"]).path)
 
 
 def _local(row: dict[str, Any]) -> dict[str, Any]:
     """A file already on disk (folder source): referenced in place, with its sidecars."""
-    path = unquote(urlsplit(row["url"]).path)
+    path = _file_path(row)
     if not os.path.isfile(path):
         raise PermanentError(f"file not found: {path}")
     probe = check_video(path)
@@ -198,30 +313,110 @@ def _upload(corpus: Corpus, workdir: str, result: dict[str, Any]) -> None:
         corpus.fs.put(os.path.join(workdir, rel), corpus.path(rel))
 
 
-def download_one(item: Item, ctx: StageContext) -> list[dict[str, Any]]:
+@contextmanager
+def _paths_relative(folders: Sequence[str]) -> Iterator[None]:
+    """Errors of the block name files relative to ``folders`` (the corpus root, a scratch
+    dir, a folder source), never by their absolute local paths."""
+    try:
+        yield
+    except (SetupError, StageStopped):
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised with the same kind
+        kind, message = classify(exc)
+        relative = message
+        for folder in folders:
+            relative = relative.replace(folder.rstrip("/") + "/", "")
+        if relative == message:
+            raise
+        raise error(kind, relative) from exc
+
+
+def _fetched(row: dict[str, Any], ctx: StageContext, batch: _Batch) -> Outcome:
+    corpus = ctx.corpus
+    if corpus.is_local:
+        return _fetch(row, ctx.config, corpus.local_path(), batch)
+    # A remote root: fetch to scratch space, then upload.
+    with tempfile.TemporaryDirectory(prefix="vlcorpus-dl-") as workdir:
+        with _paths_relative([workdir]):
+            outcome = _fetch(row, ctx.config, workdir, batch)
+        _upload(corpus, workdir, outcome.rows[0])
+        return outcome
+
+
+def download_one(item: Item, ctx: StageContext, batch: _Batch) -> Outcome:
     cfg: Config = ctx.config
     row = item.rows[0]
     problem = scheme_problem(row["url"], cfg.download.allowed_schemes, row["source"])
     if problem:
         raise BadInputError(problem)
-    if row["source"] == "folder":
-        return [_local(row)]
-    corpus = ctx.corpus
-    if corpus.is_local:
-        return [_fetch(row, cfg, corpus.local_path())]
-    # A remote root: fetch to scratch space, then upload.
-    with tempfile.TemporaryDirectory(prefix="vlcorpus-dl-") as workdir:
-        result = _fetch(row, cfg, workdir)
-        _upload(corpus, workdir, result)
-        return [result]
+    folders = [os.path.dirname(_file_path(row))] if row["source"] == "folder" else []
+    if ctx.corpus.is_local:
+        folders.append(ctx.corpus.local_path())
+    with _paths_relative(folders):
+        if row["source"] == "folder":
+            return Outcome(item.key, rows=[_local(row)])
+        return _fetched(row, ctx, batch)
+
+
+def _forbidden_verdict(outcome: Outcome, batch: _Batch) -> None:
+    ticket, at = batch.forbidden[outcome.key]
+    outcome.kind = batch.gate.forbidden_kind(ticket, at)
+    if outcome.kind == ErrorKind.PERMANENT:
+        outcome.message += " (again after a fresh extraction, while other videos downloaded)"
+    else:
+        outcome.message += (" (again after a fresh extraction, while the site refused other "
+                            "videos too or none got through: taken as a block, tried next run)")
 
 
 def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
-    """Download a batch with up to ``download.concurrency`` videos in flight."""
-    one = per_item(download_one)
+    """Download a batch with up to ``download.concurrency`` videos in flight. HTTP 403s are
+    judged once the batch is over; a stop (StageStopped) keeps the outcomes settled so far."""
+    batch = _Batch(_gate(ctx.config.download))
+    one = per_item(lambda item, c: download_one(item, c, batch))
+
+    def run(item: Item) -> Outcome | StageStopped:
+        try:
+            return one([item], ctx)[0]
+        except StageStopped as stop:
+            return stop
+
     with ThreadPoolExecutor(max_workers=ctx.config.download.concurrency) as pool:
-        return [o for outcomes in pool.map(lambda i: one([i], ctx), items) for o in outcomes]
+        results = list(pool.map(run, items))
+    outcomes = [r for r in results if isinstance(r, Outcome)]
+    for outcome in outcomes:
+        if batch.refusals[outcome.key]:
+            outcome.stats["refusals"] = batch.refusals[outcome.key]
+        if not outcome.ok and outcome.key in batch.forbidden:
+            _forbidden_verdict(outcome, batch)
+    stops = [r for r in results if isinstance(r, StageStopped)]
+    if stops:
+        raise StageStopped(str(stops[0]), finished=outcomes)
+    return outcomes
+
+
+def finish(ctx: StageContext, report: StageReport, started: float) -> dict[str, Any]:
+    """Figures of a download run (kept in ``runs/download/`` for the report): downloads per
+    minute, pauses for blocks and their length, outcomes by kind."""
+    ended = time.time()
+    pauses, paused_s = _gate(ctx.config.download).paused(started, ended)
+    figures = {
+        "started": datetime.fromtimestamp(started, UTC).isoformat(),
+        "seconds": round(ended - started, 1),
+        "videos": report.items,
+        "downloaded": report.ok,
+        "per_minute": round(report.ok * 60 / max(ended - started, 1e-6), 2),
+        "pauses": pauses,
+        "paused_s": round(paused_s, 1),
+        "refusals": report.counters.get("refusals", 0),
+        "errors": dict(report.errors),
+        "left": report.left,
+        "stopped": report.stopped,
+    }
+    if report.items:
+        stamp = datetime.fromtimestamp(started, UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        ctx.corpus.write_text(f"runs/download/{stamp}.json", json.dumps(figures, sort_keys=True) + "\n")
+    return figures
 
 
 STAGE = Stage(name="download", output="downloads", source="videos", inputs=table_inputs("videos"),
-              process=process, redo=needed_again)
+              process=process, redo=needed_again, finish=finish)

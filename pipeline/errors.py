@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import Sequence
 from enum import StrEnum
+from typing import Any
 
 
 class ErrorKind(StrEnum):
     TRANSIENT = "transient"  # retried with backoff, and again on the next run
     PERMANENT = "permanent"  # the item is gone for good (private, removed, 404)
     BAD_INPUT = "bad_input"  # the item exists but is unusable (corrupt media, broken subtitles)
+    # The site refused the session, not the item (bot check, HTTP 429s, "try again later"):
+    # never final, so the next run tries the item again.
+    BLOCKED = "blocked"
 
 
 class StageError(Exception):
@@ -31,9 +36,36 @@ class BadInputError(StageError):
     kind = ErrorKind.BAD_INPUT
 
 
+class BlockedError(StageError):
+    kind = ErrorKind.BLOCKED
+
+
+_BY_KIND: dict[ErrorKind, type[StageError]] = {
+    ErrorKind.TRANSIENT: TransientError,
+    ErrorKind.PERMANENT: PermanentError,
+    ErrorKind.BAD_INPUT: BadInputError,
+    ErrorKind.BLOCKED: BlockedError,
+}
+
+
+def error(kind: ErrorKind, message: str) -> StageError:
+    """A StageError of ``kind`` saying ``message``."""
+    return _BY_KIND[kind](message)
+
+
 class SetupError(Exception):
     """The stage cannot run at all (a missing model, package or credentials). Not an item's
     fault: it stops the run instead of failing every item."""
+
+
+class StageStopped(Exception):
+    """The stage cannot go on for now (e.g. the site has refused every download for too long).
+    Not the items' fault: the batch commits the outcomes in ``finished`` and the items without
+    one stay to do, with no errors row; the stage ends with this message."""
+
+    def __init__(self, message: str, finished: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.finished = list(finished)
 
 
 # Errors of the machine rather than of the item: retrying later may succeed.

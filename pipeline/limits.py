@@ -1,25 +1,47 @@
-"""Concurrency limits shared by every task: process-wide by default; a runner that spreads
-tasks over a cluster installs a cluster-wide backend (flows/ installs Prefect's global
-concurrency limits)."""
+"""What tasks running side by side share: concurrency slots, request rates, and small named
+states (the download breaker's). Process-wide by default; a runner that spreads tasks over a
+cluster installs a cluster-wide backend (flows/ installs Prefect's global concurrency limits,
+rate limits and variables)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-Backend = Callable[[str, int], AbstractContextManager[None]]
+State = dict[str, Any]  # JSON-able, so that a cluster-wide store can hold it
+
+
+class Store(Protocol):
+    """Small JSON states under string keys, updated atomically."""
+
+    def read(self, keys: Sequence[str]) -> dict[str, State | None]:
+        """The state of each key (None for a key never written)."""
+
+    def update(self, key: str, change: Callable[[State | None], State]) -> State:
+        """Replace the state of ``key`` with ``change(state)``, with no other update of the
+        store in between; returns the new state."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    slot: Callable[[str, int], AbstractContextManager[None]]  # (name, limit)
+    rate: Callable[[str, float, int], None]  # (name, per minute, burst): waits for a turn
+    store: Callable[[str], Store]  # name -> the store of that name
+
 
 _lock = threading.Lock()
-_semaphores: dict[tuple[str, int], threading.BoundedSemaphore] = {}
 _backend: Backend | None = None
 _users = 0
 
 
 @contextmanager
 def using(backend: Backend) -> Iterator[None]:
-    """Take every slot of this process from ``backend(name, limit)`` while the block runs; the
-    blocks of tasks running side by side in one process nest (the last one out restores)."""
+    """Share slots, rates and stores through ``backend`` while the block runs; the blocks of
+    tasks running side by side in one process nest (the last one out restores)."""
     global _backend, _users
     with _lock:
         _backend, _users = backend, _users + 1
@@ -32,6 +54,9 @@ def using(backend: Backend) -> Iterator[None]:
                 _backend = None
 
 
+_semaphores: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+
+
 @contextmanager
 def _process_slot(name: str, limit: int) -> Iterator[None]:
     with _lock:
@@ -40,6 +65,63 @@ def _process_slot(name: str, limit: int) -> Iterator[None]:
         yield
 
 
+_buckets: dict[tuple[str, float, int], list[float]] = {}
+
+
+def _process_rate(name: str, per_minute: float, burst: int) -> None:
+    # A token bucket where each caller reserves its token at once and sleeps until it is due,
+    # so callers are served in the order they came.
+    per_second = per_minute / 60
+    with _lock:
+        now = time.monotonic()
+        tokens, last = _buckets.get((name, per_minute, burst), (float(burst), now))
+        tokens = min(float(burst), tokens + (now - last) * per_second) - 1
+        _buckets[(name, per_minute, burst)] = [tokens, now]
+    if tokens < 0:
+        time.sleep(-tokens / per_second)
+
+
+class _ProcessStore:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._states: dict[str, State] = {}
+
+    def read(self, keys: Sequence[str]) -> dict[str, State | None]:
+        with self._lock:
+            return {key: dict(self._states[key]) if key in self._states else None for key in keys}
+
+    def update(self, key: str, change: Callable[[State | None], State]) -> State:
+        with self._lock:
+            self._states[key] = change(self._states.get(key))
+            return dict(self._states[key])
+
+
+_stores: dict[str, _ProcessStore] = {}
+
+
+def _process_store(name: str) -> Store:
+    with _lock:
+        return _stores.setdefault(name, _ProcessStore())
+
+
+PROCESS = Backend(slot=_process_slot, rate=_process_rate, store=_process_store)
+
+
+def _current() -> Backend:
+    return _backend or PROCESS
+
+
 def slot(name: str, limit: int) -> AbstractContextManager[None]:
     """Hold one of ``limit`` slots named ``name`` for the duration of the block."""
-    return (_backend or _process_slot)(name, limit)
+    return _current().slot(name, limit)
+
+
+def rate(name: str, per_minute: float, burst: int) -> None:
+    """Wait for a turn of the rate ``name``: ``per_minute`` turns a minute, and up to ``burst``
+    at once after a quiet spell."""
+    _current().rate(name, per_minute, burst)
+
+
+def store(name: str) -> Store:
+    """The shared store named ``name``."""
+    return _current().store(name)

@@ -73,6 +73,13 @@ def _read(corpus: Corpus, table: str, columns: list[str], partition: str) -> pa.
     return corpus.read(table, columns=columns, partition=partition)
 
 
+def download_runs(corpus: Corpus) -> list[dict[str, Any]]:
+    """The figures each download run left in ``runs/download/`` (pipeline/download.py), oldest
+    first: downloads per minute, pauses for blocks, outcomes by kind."""
+    paths = sorted(corpus.fs.glob(corpus.path("runs/download/*.json")))
+    return [json.loads(corpus.fs.cat(path)) for path in paths]
+
+
 def compute_stats(corpus: Corpus) -> dict[str, Any]:
     """The report's numbers, read partition by partition with Arrow (never a whole table)."""
     summary = summarize(corpus)
@@ -131,6 +138,7 @@ def compute_stats(corpus: Corpus) -> dict[str, Any]:
         "clip_duration_s": durations.summary(),
         "words_per_sentence": words.summary(),
         "per_source": dict(sorted(per_query.items())),
+        "download_runs": download_runs(corpus),
     }
 
 
@@ -270,6 +278,14 @@ def render_html(stats: dict[str, Any], cards: list[dict[str, Any]]) -> str:
         ["source", "videos", "downloaded", "with subtitles", "clips"],
         [[k, v["videos"], v["downloaded"], v["with_subtitles"], v["clips"]]
          for k, v in stats["per_source"].items()]))
+    if stats["download_runs"]:
+        kinds = ("blocked", "permanent", "transient", "bad_input")
+        parts.append("<h2>Download runs</h2>" + _table(
+            ["started", "videos", "downloaded", "per minute", "pauses for blocks",
+             "seconds paused", *kinds, "left to do", "stopped"],
+            [[r["started"], r["videos"], r["downloaded"], r["per_minute"], r["pauses"],
+              r["paused_s"], *(r["errors"].get(k, 0) for k in kinds), r["left"],
+              r["stopped"] or ""] for r in stats["download_runs"]]))
     if stats["errors"]["by_message"]:
         parts.append("<h2>Errors by message</h2>" + _table(
             ["message", "items"], [[k, v] for k, v in stats["errors"]["by_message"].items()]))

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipeline import partitions
-from pipeline.errors import ErrorKind, SetupError, classify
+from pipeline.errors import ErrorKind, SetupError, StageStopped, classify
 from pipeline.ids import batch_name
 from pipeline.progress import StepProgress, log
 from pipeline.storage import Corpus
@@ -104,6 +104,9 @@ Process = Callable[[Sequence[Item], StageContext], list[Outcome]]
 # (context, partition, keys to read) -> the rows of those keys
 Inputs = Callable[[StageContext, str, pa.Array], pa.Table]
 Keys = Callable[[StageContext, str], pa.Array]
+# Called once after a run of the stage with its report and start time (time.time()); returns
+# figures of the run that join the report.
+Finish = Callable[[StageContext, "StageReport", float], dict[str, Any]]
 
 
 class Sink(Protocol):
@@ -154,6 +157,7 @@ class Stage:
     # Keys done before that must be done again (a download whose media was dropped).
     redo: Keys | None = None
     sink: Sink | None = None  # None: the ``output`` table
+    finish: Finish | None = None
 
     @property
     def target(self) -> Sink:
@@ -174,7 +178,7 @@ def per_item(fn: ItemFn) -> Process:
                 result = fn(item, ctx)
                 outcomes.append(result if isinstance(result, Outcome)
                                 else Outcome(item.key, rows=result))
-            except SetupError:
+            except (SetupError, StageStopped):
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure becomes an errors row
                 kind, message = classify(exc)
@@ -192,13 +196,19 @@ class BatchReport:
     ok: int = 0
     rows: int = 0
     errors: dict[str, int] = field(default_factory=dict)  # kind -> items
+    counters: dict[str, int] = field(default_factory=dict)  # the outcomes' stats, summed
+    stopped: str | None = None  # why the stage stopped early (StageStopped)
+    left: int = 0  # items the stop left to do
 
     def add(self, other: BatchReport) -> None:
         self.items += other.items
         self.ok += other.ok
         self.rows += other.rows
-        for kind, n in other.errors.items():
-            self.errors[kind] = self.errors.get(kind, 0) + n
+        self.left += other.left
+        self.stopped = self.stopped or other.stopped
+        for mine, theirs in ((self.errors, other.errors), (self.counters, other.counters)):
+            for key, n in theirs.items():
+                mine[key] = mine.get(key, 0) + n
 
 
 @dataclass
@@ -207,8 +217,10 @@ class StageReport(BatchReport):
     skipped_done: int = 0
     skipped_failed: int = 0
     todo: int = 0
+    figures: dict[str, Any] = field(default_factory=dict)  # from the stage's finish
 
     def merge(self, other: StageReport) -> None:
+        """Another partition's report of the same stage."""
         self.add(other)
         self.total += other.total
         self.skipped_done += other.skipped_done
@@ -326,12 +338,23 @@ def _empty_inputs(stage: Stage, ctx: StageContext, partition: str) -> pa.Table:
 
 def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext, partition: str,
               redo: set[str] | None = None) -> BatchReport:
-    """Process one batch with retries for transient failures, then commit it."""
+    """Process one batch with retries for transient failures, then commit it. When the stage
+    stops (StageStopped), what was settled is committed and the rest stays to do."""
     pending = list(items)
     settled: dict[str, Outcome] = {}
     tries: Tally = Tally()
     for attempt in range(1, ctx.retry.attempts + 1):
-        for outcome in _process_guarded(stage, pending, ctx):
+        try:
+            outcomes = _process_guarded(stage, pending, ctx)
+        except StageStopped as stop:
+            for outcome in stop.finished:
+                tries[outcome.key] = attempt
+                settled[outcome.key] = outcome
+            report = commit(stage, [i for i in items if i.key in settled], settled, tries,
+                            ctx.corpus, partition, redo or set())
+            report.items, report.left, report.stopped = len(items), len(items) - report.items, str(stop)
+            return report
+        for outcome in outcomes:
             tries[outcome.key] = attempt
             settled[outcome.key] = outcome
         pending = [i for i in pending if settled[i.key].kind == ErrorKind.TRANSIENT]
@@ -347,7 +370,7 @@ def _process_guarded(stage: Stage, items: Sequence[Item], ctx: StageContext) -> 
     """A batch function that raises fails every item of the batch, not the run."""
     try:
         outcomes = stage.process(items, ctx)
-    except SetupError:
+    except (SetupError, StageStopped):
         raise
     except Exception as exc:  # noqa: BLE001 - recorded per item below
         kind, message = classify(exc)
@@ -373,6 +396,8 @@ def commit(stage: Stage, items: Sequence[Item], outcomes: dict[str, Outcome], tr
     error_rows = []
     for item in items:
         outcome = outcomes[item.key]
+        for key, n in outcome.stats.items():
+            report.counters[key] = report.counters.get(key, 0) + n
         if outcome.ok:
             continue
         report.errors[outcome.kind.value] = report.errors.get(outcome.kind.value, 0) + 1
@@ -408,8 +433,13 @@ def run_partition(stage: Stage, ctx: StageContext, partition: str, batch_size: i
                  partition, report.total, report.skipped_done, report.skipped_failed, report.todo)
     with StepProgress(f"{stage.name} p{partition}", report.todo) as bar:
         for batch in plan.batches(batch_size):
+            if report.stopped:
+                report.left += len(batch)  # the stage stopped: the rest stays to do
+                continue
             report.add(run_batch(stage, batch, ctx, partition, plan.redo))
             bar.advance(len(batch))
+    if report.stopped:
+        log.warning("%s p%s: %s", stage.name, partition, report.stopped)
     stage.target.finish(ctx.corpus, partition)
     ctx.corpus.compact("errors", partition)
     return report
@@ -418,9 +448,15 @@ def run_partition(stage: Stage, ctx: StageContext, partition: str, batch_size: i
 def run_stage(stage: Stage, ctx: StageContext, batch_size: int, retry_failed: bool = False) -> StageReport:
     """A stage over every partition, one after the other, in this process (flows run the
     partitions as tasks on Dask instead)."""
+    started = time.time()
     total = StageReport(stage.name)
     for partition in ctx.corpus.labels():
+        if total.stopped:  # count what the stop leaves to do in the partitions not started
+            total.left += plan_partition(stage, ctx, partition, retry_failed).report.todo
+            continue
         total.merge(run_partition(stage, ctx, partition, batch_size, retry_failed))
+    if stage.finish is not None:
+        total.figures = stage.finish(ctx, total, started)
     return total
 
 

@@ -138,7 +138,7 @@ ERRORS = _schema(
     [
         pa.field("stage", pa.string(), nullable=False),
         pa.field("item_id", pa.string(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),  # transient | permanent | bad_input
+        pa.field("kind", pa.string(), nullable=False),  # transient | permanent | bad_input | blocked
         pa.field("message", pa.string(), nullable=False),
         pa.field("attempt", pa.int32(), nullable=False),
         pa.field("time", _TS, nullable=False),

@@ -1,15 +1,30 @@
 """An HTTP server on 127.0.0.1 serving many tiny video pages, misbehaving on purpose.
 
-It answers 429 to a share of requests, drops a share of connections without answering, and
-counts requests in flight so tests can check a concurrency limit from the outside.
+It answers 429 (or ``error_code``) to a share of requests, drops a share of connections without
+answering, can refuse every request for a while after a number of them (a session block, 429
+or 403), and counts requests in flight (in all and per Host header) so tests can check limits
+from the outside.
+
+Page ``/v/<stem>.html`` has a <video> and two caption tracks, ``en`` and ``en-auto``. Its stem
+picks a misbehaviour: ``forbidden`` (the page is always 403), ``expiring`` (its media answers
+403 the first time, like an expired signed URL), ``cap404`` (the ``en`` track is 404),
+``capbad`` (the ``en`` track is not subtitles), ``truncated`` (its media is cut in half),
+``notvideo`` (its media is not a video).
+
+``forward_proxy`` is an HTTP proxy on 127.0.0.1 that can ask for a password or refuse every
+request (a blocked egress).
 """
 
 from __future__ import annotations
 
+import base64
 import random
 import socket
 import subprocess
 import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,6 +32,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 VTT = "WEBVTT\n\n00:00:00.000 --> 00:00:00.900\nHello there.\n"
+# YouTube's auto-caption layout (inline word times), which transcribe tells from an author's.
+AUTO_VTT = ("WEBVTT\n\n00:00:00.000 --> 00:00:00.900 align:start position:0%\n"
+            "hello<00:00:00.400><c> there</c>\n")
 
 
 def tiny_mp4(path: Path) -> bytes:
@@ -35,11 +53,41 @@ class Stats:
     in_flight: int = 0
     max_in_flight: int = 0
     requests: int = 0
+    first_at: float | None = None  # time.time() of the first request
     throttled: int = 0
     dropped: int = 0
     served_media: dict[str, int] = field(default_factory=dict)
-    p429: float = 0.0  # share of requests answered 429; tests may change it while serving
+    p429: float = 0.0  # share of requests answered error_code; tests may change it while serving
     pdrop: float = 0.0  # share of connections dropped without an answer
+    error_code: int = 429
+    in_flight_by_host: dict[str, int] = field(default_factory=dict)
+    max_in_flight_by_host: dict[str, int] = field(default_factory=dict)
+    served_pages: dict[str, int] = field(default_factory=dict)
+    expired: set[str] = field(default_factory=set)  # media that answered 403 once
+    block: Block | None = None
+
+
+@dataclass
+class Block:
+    """Every request after the first ``after`` is refused with ``code`` for ``seconds`` (from
+    the first refusal); then the server serves again."""
+
+    after: int
+    seconds: float
+    code: int = 429
+    started: float | None = None
+    refused: int = 0
+
+    def refuses(self, request_number: int) -> bool:
+        if request_number <= self.after:
+            return False
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+        if now - self.started >= self.seconds:
+            return False
+        self.refused += 1
+        return True
 
 
 def _handler(media: bytes, stats: Stats, rng: random.Random,
@@ -51,16 +99,27 @@ def _handler(media: bytes, stats: Stats, rng: random.Random,
             pass
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            host = self.headers.get("Host", "").rsplit(":", 1)[0]
             with stats.lock:
                 stats.in_flight += 1
                 stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
+                by_host = stats.in_flight_by_host
+                by_host[host] = by_host.get(host, 0) + 1
+                stats.max_in_flight_by_host[host] = max(stats.max_in_flight_by_host.get(host, 0),
+                                                        by_host[host])
                 stats.requests += 1
+                stats.first_at = stats.first_at or time.time()
+                refused = stats.block is not None and stats.block.refuses(stats.requests)
                 roll = rng.random()
             try:
-                self._answer(roll)
+                if refused:
+                    self._send(stats.block.code, b"refused", "text/plain")
+                else:
+                    self._answer(roll)
             finally:
                 with stats.lock:
                     stats.in_flight -= 1
+                    stats.in_flight_by_host[host] -= 1
 
         def _answer(self, roll: float) -> None:
             threading.Event().wait(delay_s)
@@ -72,22 +131,43 @@ def _handler(media: bytes, stats: Stats, rng: random.Random,
             if roll < stats.pdrop + stats.p429:
                 with stats.lock:
                     stats.throttled += 1
-                self._send(429, b"slow down", "text/plain", {"Retry-After": "0"})
+                self._send(stats.error_code, b"slow down", "text/plain", {"Retry-After": "0"})
                 return
             name = self.path.rsplit("/", 1)[-1]
+            stem = name.split(".", 1)[0]
             if self.path.startswith("/v/") and name.endswith(".html"):
-                stem = name[:-5]
+                with stats.lock:
+                    stats.served_pages[stem] = stats.served_pages.get(stem, 0) + 1
+                if "forbidden" in stem:
+                    self._send(403, b"forbidden", "text/plain")
+                    return
                 page = (f'<html><head><title>video {stem}</title></head><body>'
                         f'<video controls><source src="/media/{stem}.mp4" type="video/mp4">'
-                        f'<track kind="captions" src="/subs/{stem}.vtt" srclang="en"></video>'
-                        f'</body></html>')
+                        f'<track kind="captions" src="/subs/{stem}.vtt" srclang="en">'
+                        f'<track kind="captions" src="/subs/{stem}.auto.vtt" srclang="en-auto">'
+                        f'</video></body></html>')
                 self._send(200, page.encode(), "text/html")
             elif self.path.startswith("/media/"):
                 with stats.lock:
-                    stats.served_media[name] = stats.served_media.get(name, 0) + 1
-                self._send(200, media, "video/mp4")
+                    expire = "expiring" in stem and stem not in stats.expired
+                    if expire:
+                        stats.expired.add(stem)
+                    else:
+                        stats.served_media[name] = stats.served_media.get(name, 0) + 1
+                if expire:
+                    self._send(403, b"signature expired", "text/plain")
+                else:
+                    body = (media[: len(media) // 2] if "truncated" in stem
+                            else b"no video" if "notvideo" in stem else media)
+                    self._send(200, body, "video/mp4")
             elif self.path.startswith("/subs/"):
-                self._send(200, VTT.encode(), "text/vtt")
+                auto = name.endswith(".auto.vtt")
+                if "cap404" in stem and not auto:
+                    self._send(404, b"not found", "text/plain")
+                elif "capbad" in stem and not auto:
+                    self._send(200, b"<html>this is no subtitle file</html>", "text/vtt")
+                else:
+                    self._send(200, (AUTO_VTT if auto else VTT).encode(), "text/vtt")
             else:
                 self._send(404, b"not found", "text/plain")
 
@@ -106,8 +186,9 @@ def _handler(media: bytes, stats: Stats, rng: random.Random,
 
 @contextmanager
 def flaky_server(media: bytes, p429: float = 0.1, pdrop: float = 0.05, seed: int = 0,
-                 delay_s: float = 0.01) -> Iterator[tuple[str, Stats]]:
-    stats = Stats(p429=p429, pdrop=pdrop)
+                 delay_s: float = 0.01, error_code: int = 429,
+                 block: Block | None = None) -> Iterator[tuple[str, Stats]]:
+    stats = Stats(p429=p429, pdrop=pdrop, error_code=error_code, block=block)
     handler = _handler(media, stats, random.Random(seed), delay_s)
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
@@ -115,6 +196,56 @@ def flaky_server(media: bytes, p429: float = 0.1, pdrop: float = 0.05, seed: int
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", stats
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def forward_proxy(password: str | None = None,
+                  refuse: int | None = None) -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """A forward HTTP proxy on 127.0.0.1: answers 407 without ``user:<password>`` (when given),
+    ``refuse`` (e.g. 429) to every request (when given), and otherwise forwards, recording the
+    headers of every request it was asked; yields (port, those headers)."""
+    seen: list[dict[str, str]] = []
+    expected = "Basic " + base64.b64encode(f"user:{password}".encode()).decode()
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    class Proxy(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _reply(self, code: int, ctype: str, body: bytes,
+                   headers: dict[str, str] | None = None) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if password is not None and self.headers.get("Proxy-Authorization") != expected:
+                self._reply(407, "text/plain", b"", {"Proxy-Authenticate": 'Basic realm="test"'})
+                return
+            seen.append(dict(self.headers))
+            if refuse is not None:
+                self._reply(refuse, "text/plain", b"refused")
+                return
+            try:
+                with direct.open(self.path, timeout=30) as answer:
+                    code, ctype, body = answer.status, answer.headers.get("Content-Type"), answer.read()
+            except urllib.error.HTTPError as exc:
+                code, ctype, body = exc.code, "text/plain", b""
+            self._reply(code, ctype or "application/octet-stream", body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], seen
     finally:
         server.shutdown()
         server.server_close()

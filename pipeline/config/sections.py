@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from pipeline.config.problems import Found, raise_if
+from pipeline.ytdlp_args import browser_cookies, extractor_args
+
 
 def _yyyymmdd(value: Any) -> Any:
     # yt-dlp writes dates as YYYYMMDD; YAML reads an unquoted 20180101 as an int, which pydantic
@@ -58,7 +60,7 @@ class FiltersConfig(BaseModel):
 
 
 class DownloadConfig(BaseModel):
-    """yt-dlp download settings."""
+    """yt-dlp download settings, politeness, identity and egress."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -71,14 +73,50 @@ class DownloadConfig(BaseModel):
     concurrency_limit: str = Field(
         "vlcorpus-download", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
         description="the Prefect global concurrency limit downloads take slots of (sized to "
-                    "`concurrency` by each build): builds sharing a name share the slots")
-    rate_limit: str | None = Field(
-        None, pattern=r"^\d+(\.\d+)?[KMGkmg]?$", description='bytes per second, e.g. "2M"'
-    )
-    sleep_interval_s: float = Field(0, ge=0)
-    max_sleep_interval_s: float | None = Field(None, ge=0)
+                    "`concurrency` by each build): builds sharing a name share the slots, the "
+                    "rate limit and the block breaker (`<name>-rate`, `<name>-host-*`, variables "
+                    "`<name>-breaker-*`)")
+    # Politeness
+    rate_limit: float | None = Field(
+        30, gt=0, description="yt-dlp requests for a video (one per video, one more per "
+                              "re-extraction) per minute across every worker and build sharing "
+                              "concurrency_limit; null: no limit")
+    per_host: int | None = Field(
+        2, ge=1, description="videos in flight per site host, across every worker and build; "
+                             "null: only `concurrency`")
+    preset: Literal["sleep"] | None = Field(
+        None, description="yt-dlp's preset alias `-t sleep`: sleep_requests_s 0.75, "
+                          "sleep_interval_s 10, max_sleep_interval_s 20, sleep_subtitles_s 5; "
+                          "the sleep_* keys given here win")
+    sleep_requests_s: float | None = Field(None, ge=0, description="between requests of a video")
+    sleep_interval_s: float | None = Field(None, ge=0, description="before each video's download")
+    max_sleep_interval_s: float | None = Field(
+        None, ge=0, description="sleep a random time from sleep_interval_s up to this")
+    sleep_subtitles_s: float | None = Field(None, ge=0, description="before each subtitle track")
+    max_bandwidth: str | None = Field(
+        None, pattern=r"^\d+(\.\d+)?[KMGkmg]?$",
+        description='bytes per second per download, e.g. "2M" (yt-dlp --limit-rate)')
+    # When the site refuses the session (bot check, HTTP 429, "try again later", HTTP 403
+    # across videos): see pipeline/breaker.py.
+    block_threshold: int = Field(
+        3, ge=1, le=50, description="videos refused within block_window_s that pause downloads")
+    block_window_s: float = Field(300, gt=0)
+    block_cooldown_s: float = Field(60, gt=0, description="first pause; doubles while refused")
+    block_cooldown_max_s: float = Field(900, gt=0)
+    max_block_s: float = Field(
+        3600, gt=0, description="a block lasting longer stops the stage; the videos left are "
+                                "tried again by the next run")
+    # Identity and egress: secrets never reach tables, logs or error messages.
     proxy: SecretStr | None = None
-    cookies_file: str | None = None
+    proxies: list[SecretStr] = Field(
+        default_factory=list, description="proxies to rotate through: a blocked one is rested "
+                                          "while the next carries the downloads")
+    cookies_file: str | None = Field(None, description="cookies in Netscape format")
+    cookies_from_browser: str | None = Field(
+        None, description="yt-dlp --cookies-from-browser, e.g. firefox or 'chrome:Profile 1'")
+    extractor_args: list[str] = Field(
+        default_factory=list, description="yt-dlp --extractor-args strings, e.g. "
+                                          "'youtube:player_client=web' or a PO-token provider's")
     user_agent: str | None = None
     section_padding_s: float = Field(
         1.0, ge=0, description="extra seconds around a clip when only a section is downloaded"
@@ -97,12 +135,40 @@ class DownloadConfig(BaseModel):
     def _lower(cls, value: list[str]) -> list[str]:
         return [scheme.lower() for scheme in value]
 
+    @field_validator("rate_limit", mode="before")
+    @classmethod
+    def _requests_per_minute(cls, value: Any) -> Any:
+        if isinstance(value, str) and value[-1:].upper() in ("K", "M", "G"):
+            raise ValueError(f"requests per minute now (got {value!r}); the bytes-per-second "
+                             f"cap of earlier versions is max_bandwidth")
+        return value
+
+    @field_validator("extractor_args")
+    @classmethod
+    def _extractor_args(cls, value: list[str]) -> list[str]:
+        if value:
+            extractor_args(tuple(value))
+        return value
+
+    @field_validator("cookies_from_browser")
+    @classmethod
+    def _browser(cls, value: str | None) -> str | None:
+        if value is not None:
+            browser_cookies(value)
+        return value
+
     @model_validator(mode="after")
-    def _sleep_range(self) -> "DownloadConfig":
-        top = self.max_sleep_interval_s
-        if top is not None and top < self.sleep_interval_s:
-            raise_if([(("max_sleep_interval_s",),
-                        f"less than sleep_interval_s ({top} < {self.sleep_interval_s})")])
+    def _consistent(self) -> "DownloadConfig":
+        problems: Found = []
+        top, bottom = self.max_sleep_interval_s, self.sleep_interval_s
+        if top is not None and bottom is not None and top < bottom:
+            problems.append((("max_sleep_interval_s",), f"less than sleep_interval_s ({top} < {bottom})"))
+        if self.proxy is not None and self.proxies:
+            problems.append((("proxies",), "give either proxy or proxies, not both"))
+        if self.block_cooldown_max_s < self.block_cooldown_s:
+            problems.append((("block_cooldown_max_s",), f"less than block_cooldown_s "
+                             f"({self.block_cooldown_max_s} < {self.block_cooldown_s})"))
+        raise_if(problems)
         return self
 
 

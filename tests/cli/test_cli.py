@@ -144,3 +144,13 @@ def test_demo_site_make_then_serve(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_build_output_says_why_a_stage_stopped(capsys):
+    from pipeline.cli import _emit
+
+    stopped = "downloads stopped: the site has refused this session for 61 min ... or wait"
+    _emit({"root": "r", "tables": {}, "errors": {}, "stages": {
+        "download": {"ok": 3, "stopped": stopped, "left": 9}, "transcribe": {"ok": 3}}}, "rich")
+    out = capsys.readouterr().out
+    assert "download: downloads stopped: the site has refused" in out and "transcribe:" not in out

@@ -55,6 +55,12 @@ def test_stats_json_has_the_figures(reported):
     (label, row), = stats["per_source"].items()
     assert label.startswith("list:") and row["videos"] == 4 and row["downloaded"] == 2
     assert message_class("HTTP Error 404 for https://x.org/v?id=3") == "HTTP Error … for …"
+    (run,) = stats["download_runs"]  # the figures of the demo corpus's download run
+    assert (run["videos"], run["downloaded"], run["errors"]) == (4, 2, {"bad_input": 1,
+                                                                         "permanent": 1})
+    assert run["per_minute"] > 0 and (run["pauses"], run["paused_s"], run["left"]) == (0, 0, 0)
+    page = reported.fs.cat(reported.path("report/report.html")).decode()
+    assert "<h2>Download runs</h2>" in page
 
 
 def test_page_escapes_user_text_and_loads_nothing_external(reported):

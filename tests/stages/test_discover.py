@@ -15,6 +15,7 @@ from pipeline.config import load_config, parse_config
 from pipeline.discover import discover, id_for_url, queries
 from pipeline.stages import context
 from pipeline.storage import Corpus
+from pipeline.urls import canonical_url
 
 DATA = TESTS / "data"
 CONFIGS = ROOT / "configs"
@@ -159,3 +160,30 @@ def test_ids_from_urls_need_no_request():
     extractor, ident = id_for_url("http://127.0.0.1:8000/pages/tour-0.html")
     assert extractor == "generic" and ident.startswith("tour-0-")
     assert id_for_url("http://a.example/p/index.html") != id_for_url("http://b.example/p/index.html")
+
+
+def test_urls_that_differ_only_in_what_does_not_change_the_video_are_one_video(memory_root):
+    page = "http://127.0.0.1:8765/pages/tour-0.html"
+    watch = "https://www.youtube.com/watch?v=dQw4w9WgXcQ"
+    urls = [page, f"{page}#again", f"{page}?utm_source=news&utm_medium=mail",
+            watch, f"{watch}&t=42s&list=PL0123&index=3&feature=share&si=Ab_c",
+            "https://youtu.be/dQw4w9WgXcQ?si=xyz&t=5",
+            "http://127.0.0.1:8765/watch.php?id=3", "http://127.0.0.1:8765/watch.php?id=4"]
+    ctx = _ctx(memory_root, [{"type": "urls", "urls": urls}])
+    report = discover(ctx)
+    rows = ctx.corpus.read("videos").to_pylist()
+    assert (report.added, report.duplicates) == (4, 4)
+    assert sorted(r["url"] for r in rows) == sorted(
+        [page, watch, "http://127.0.0.1:8765/watch.php?id=3", "http://127.0.0.1:8765/watch.php?id=4"])
+    assert "youtube-dQw4w9WgXcQ" in {r["video_id"] for r in rows}
+
+
+@pytest.mark.parametrize("url,canonical", [
+    ("https://www.youtube.com/playlist?list=PL0123&si=x", "https://www.youtube.com/playlist?list=PL0123"),
+    ("https://m.youtube.com/shorts/abc?feature=share", "https://m.youtube.com/shorts/abc"),
+    ("http://example.org/v?list=2&t=9", "http://example.org/v?list=2&t=9"),  # not YouTube's
+    ("http://example.org/v?a=1&UTM_Campaign=x&b=%20", "http://example.org/v?a=1&b=%20"),
+    ("file:///data/tour.mp4", "file:///data/tour.mp4"),
+])
+def test_canonical_url_keeps_what_names_the_video(url, canonical):
+    assert canonical_url(url) == canonical

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from pipeline import download
-from pipeline.config import parse_config
+from pipeline.config import ConfigError, parse_config
 from pipeline.demo import serve_demo
 from pipeline.discover import discover
 from pipeline.media import probe
@@ -28,26 +28,97 @@ def _cfg(sources: list[dict], **download_cfg):
 def test_options_pass_through():
     cfg = _cfg([{"type": "urls", "urls": ["http://127.0.0.1/x"]}],
                proxy=f"http://user:{SECRET}@127.0.0.1:3128", cookies_file="/secure/cookies.txt",
-               rate_limit="2M", sleep_interval_s=1, max_sleep_interval_s=3,
-               user_agent="vlcorpus-test", max_filesize_mb=10)
+               cookies_from_browser="firefox", max_bandwidth="2M", sleep_interval_s=1,
+               max_sleep_interval_s=3, user_agent="vlcorpus-test", max_filesize_mb=10,
+               extractor_args=["youtube:player_client=web;po_token=web.gvs+TOKEN",
+                               "youtubepot-bgutilhttp:base_url=http://127.0.0.1:4416"])
     opts = base_options(cfg.download)
     assert opts["proxy"].endswith(f"{SECRET}@127.0.0.1:3128")
     assert opts["cookiefile"] == "/secure/cookies.txt"
+    assert opts["cookiesfrombrowser"] == ("firefox", None, None, None)
     assert opts["ratelimit"] == 2 * 1024 * 1024
     assert (opts["sleep_interval"], opts["max_sleep_interval"]) == (1, 3)
     assert opts["http_headers"] == {"User-Agent": "vlcorpus-test"}
     assert opts["max_filesize"] == 10 * 1024 * 1024
+    assert opts["extractor_args"] == {
+        "youtube": {"player_client": ["web"], "po_token": ["web.gvs+TOKEN"]},
+        "youtubepot-bgutilhttp": {"base_url": ["http://127.0.0.1:4416"]}}
     assert SECRET not in repr(cfg) and SECRET not in cfg.model_dump_json()
 
 
+def test_sleep_preset_is_yt_dlps_own_and_given_keys_win():
+    urls = [{"type": "urls", "urls": ["http://127.0.0.1/x"]}]
+    opts = base_options(_cfg(urls, preset="sleep").download)
+    assert {k: opts[k] for k in ("sleep_interval_requests", "sleep_interval",
+                                 "max_sleep_interval", "sleep_interval_subtitles")} == {
+        "sleep_interval_requests": 0.75, "sleep_interval": 10, "max_sleep_interval": 20,
+        "sleep_interval_subtitles": 5}
+    assert base_options(_cfg(urls, preset="sleep", sleep_interval_s=3,
+                             max_sleep_interval_s=4).download)["sleep_interval"] == 3
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("rate_limit", "2M", "max_bandwidth"),
+    ("extractor_args", ["player_client=web"], "IE_KEY:ARGS"),
+    ("cookies_from_browser", "netscape", "unsupported browser"),
+    ("proxies", ["http://a:1"], "not both"),
+])
+def test_download_options_yt_dlp_would_refuse_stop_the_config(key, value, says):
+    extra = {"proxy": "http://b:2"} if key == "proxies" else {}
+    with pytest.raises(ConfigError, match=says):
+        _cfg([{"type": "urls", "urls": ["http://127.0.0.1/x"]}], **{key: value}, **extra)
+
+
+# The messages as yt-dlp 2026.10 raises them: YouTube's reason with the text yt-dlp adds
+# (yt_dlp/extractor/youtube/_video.py `_real_extract`; the cookies hint of `_youtube_login_hint`).
+_HINT = ("Use --cookies-from-browser or --cookies for the authentication. See  https://github.com/"
+         "yt-dlp/yt-dlp/wiki/FAQ#how-do-i-pass-cookies-to-yt-dlp  for how to manually pass "
+         "cookies. Also see  https://github.com/yt-dlp/yt-dlp/wiki/Extractors#exporting-youtube-"
+         "cookies  for tips on effectively exporting YouTube cookies")
+_RATE_LIMITED = ("has been rate-limited by YouTube for up to an hour. It is recommended to use "
+                 "`-t sleep` to add a delay between video requests to avoid exceeding the rate "
+                 "limit. For more information, refer to  https://github.com/yt-dlp/yt-dlp/wiki/"
+                 "Extractors#this-content-isnt-available-try-again-later")
+
+
 @pytest.mark.parametrize("message,kind", [
-    ("HTTP Error 429: Too Many Requests", "transient"),
+    # Session-wide refusals.
+    (f"[youtube] dQw4w9WgXcQ: Sign in to confirm you\u2019re not a bot. {_HINT}", "blocked"),
+    (f"[youtube] dQw4w9WgXcQ: Sign in to confirm you're not a bot. {_HINT}", "blocked"),
+    ("[youtube] 2OoFSHhI4Vk: Video unavailable. This content isn't available, try again later. "
+     f"The current session {_RATE_LIMITED}", "blocked"),
+    ("[youtube] 2OoFSHhI4Vk: This content isn't available, try again later. Your account "
+     f"{_RATE_LIMITED}", "blocked"),
+    ("[youtube] abc: All player responses are invalid. Your IP is likely being blocked by "
+     "Youtube", "blocked"),
+    ("[youtube] abc: Video unavailable. YouTube is requiring a captcha challenge before "
+     "playback", "blocked"),
+    ("HTTP Error 429: Too Many Requests", "blocked"),
+    ("[youtube] abc: Unable to download API page: HTTP Error 429: Too Many Requests", "blocked"),
+    # Retried within the run.
     ("Unable to download webpage: HTTP Error 503: Service Unavailable", "transient"),
-    ("[youtube] abc: Private video. Sign in if you've been granted access", "permanent"),
+    # The video's own, although yt-dlp gives them the same cookies hint as the bot check.
+    (f"[youtube] abc: Private video. Sign in if you've been granted access to this video. "
+     f"{_HINT}", "permanent"),
+    (f"[youtube] abc: Sign in to confirm your age. This video may be inappropriate for some "
+     f"users. {_HINT}", "permanent"),
+    ("[youtube] abc: Join this channel to get access to members-only content like this video, "
+     "and other exclusive perks.", "permanent"),
+    ("[youtube] abc: This video is available to this channel's members on level: Tomato (or any "
+     "higher level). Join this channel to get access to members-only content and other "
+     "exclusive perks.", "permanent"),
+    ("[youtube] abc: The uploader has not made this video available in your country",
+     "permanent"),
+    ("This video is not available from your location due to geo restriction", "permanent"),
+    ("[youtube] abc: Video unavailable. This video contains content from SME, who has blocked "
+     "it on copyright grounds", "permanent"),
     ("[youtube] abc: Video unavailable. This video has been removed by the uploader",
      "permanent"),
-    ("The uploader has not made this video available in your country", "permanent"),
+    ("[youtube] abc: Video unavailable. This video is no longer available because the YouTube "
+     "account associated with this video has been terminated.", "permanent"),
     ("unable to download video data: HTTP Error 404: Not Found", "permanent"),
+    # A 403 alone is the video's; download weighs it against other videos (test_download_blocks).
+    ("unable to download video data: HTTP Error 403: Forbidden", "permanent"),
     ("Unsupported URL: http://127.0.0.1/notavideo", "bad_input"),
     ("[html5] x: Requested format is not available", "bad_input"),
 ])

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pyarrow.dataset as ds
 import pytest
 
 import stagekit
-from pipeline.runner import RetryPolicy, StageContext, run_stage
+from pipeline.errors import ErrorKind, StageStopped
+from pipeline.runner import Outcome, RetryPolicy, StageContext, run_stage
 from pipeline.storage import Corpus
 from pipeline.validate import validate
 
@@ -83,3 +86,22 @@ def test_rejected_rows_fail_the_commit_not_silently(memory_root):
     with pytest.raises(SchemaViolation, match="must not be null"):
         corpus.write_batch("videos", [{"video_id": "a"}], "b", "00000")
     assert corpus.table_files("videos") == []
+
+
+def test_a_stopped_batch_commits_what_it_finished_and_leaves_the_rest_to_do(memory_root):
+    ctx = _ctx(memory_root)
+    stagekit.make_videos(ctx.corpus, 4)
+
+    def stops_after_two(items, c):
+        done = stagekit.DOWNLOAD.process(items[:1], c)
+        refused = Outcome(items[1].key, kind=ErrorKind.BLOCKED, message="Too Many Requests")
+        raise StageStopped("stopped: the site refuses this session", finished=[*done, refused])
+
+    stopping = replace(stagekit.DOWNLOAD, process=stops_after_two)
+    report = run_stage(stopping, ctx, batch_size=4)
+    assert (report.items, report.ok, report.errors, report.left) == (4, 1, {"blocked": 1}, 2)
+    assert report.stopped == "stopped: the site refuses this session"
+    # Blocked is never final: the next run does the blocked item and the two left.
+    again = run_stage(stagekit.DOWNLOAD, ctx, batch_size=4)
+    assert (again.skipped_done, again.skipped_failed, again.ok) == (1, 0, 3)
+    assert validate(ctx.corpus) == []

@@ -1,0 +1,81 @@
+"""Prefect's backend of pipeline.limits: what tasks share across every worker and every build
+on the server. Slots are global concurrency limits, rates are global concurrency limits with
+slot decay (Prefect's rate limits), and stores are variables, updated under a limit of one slot.
+Limits a task asks for are created (or resized) on first use in each process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import VariableCreate, VariableUpdate
+from prefect.concurrency.sync import concurrency, rate_limit
+from prefect.exceptions import ObjectAlreadyExists
+
+from pipeline.ids import safe_id
+from pipeline.limits import Backend, State
+
+_ensured: set[tuple[str, int, float | None]] = set()
+_lock = threading.Lock()
+
+
+def ensure_limit(name: str, limit: int, decay_per_s: float | None = None) -> None:
+    """The global concurrency limit ``name`` exists with this size (and slot decay)."""
+    key = (name, limit, decay_per_s)
+    with _lock:
+        if key in _ensured:
+            return
+    with get_client(sync_client=True) as client:
+        try:
+            client.upsert_global_concurrency_limit_by_name(name, limit, decay_per_s)
+        except ObjectAlreadyExists:
+            pass  # another process created it at the same moment
+    with _lock:
+        _ensured.add(key)
+
+
+@contextmanager
+def prefect_slot(name: str, limit: int) -> Iterator[None]:
+    """One slot of the Prefect global concurrency limit ``name``, which holds across every
+    worker and every build on the server."""
+    ensure_limit(name, limit)
+    with concurrency(name, occupy=1, strict=True):
+        yield
+
+
+def prefect_rate(name: str, per_minute: float, burst: int) -> None:
+    """A turn of the Prefect rate limit ``name``: ``burst`` slots that free at ``per_minute``."""
+    ensure_limit(name, burst, per_minute / 60)
+    rate_limit(name, occupy=1, strict=True)
+
+
+class PrefectStore:
+    """States as Prefect variables ``<name>-<key>``; updates hold the one slot of the limit
+    ``<name>-lock``, so that read, change and write are one step across processes."""
+
+    def __init__(self, name: str) -> None:
+        self.prefix = safe_id(name)  # variable names take letters, digits, - and _ only
+        self.lock = f"{name}-lock"
+
+    def read(self, keys: Sequence[str]) -> dict[str, State | None]:
+        with get_client(sync_client=True) as client:
+            found = {key: client.read_variable_by_name(f"{self.prefix}-{key}") for key in keys}
+        return {key: variable.value if variable else None for key, variable in found.items()}
+
+    def update(self, key: str, change: Callable[[State | None], State]) -> State:
+        name = f"{self.prefix}-{key}"
+        ensure_limit(self.lock, 1)
+        with concurrency(self.lock, occupy=1, strict=True):
+            with get_client(sync_client=True) as client:
+                variable = client.read_variable_by_name(name)
+                state = change(variable.value if variable else None)
+                if variable is None:
+                    client.create_variable(VariableCreate(name=name, value=state))
+                else:
+                    client.update_variable(VariableUpdate(name=name, value=state))
+        return state
+
+
+PREFECT = Backend(slot=prefect_slot, rate=prefect_rate, store=PrefectStore)

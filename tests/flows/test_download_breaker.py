@@ -1,0 +1,125 @@
+"""The download breaker in real builds: Prefect server, Dask worker processes, real yt-dlp
+against a local site that blocks the session.
+
+- A pause set by another build (here: the test, through the same Prefect variables) holds every
+  worker process of a build until it is over.
+- 101 videos, a block in the middle (every request answered 403 for a while, which alone could
+  be 101 videos' own 403s), one page that is always 403, captions that 404: after the build and
+  one rerun every video is downloaded, none failed for good because of the block, and the
+  always-403 page is permanent. The figures land in the session's tally line.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from conftest import require_binaries
+from flakyserver import Block, flaky_server, tiny_mp4
+from flows.build import run_build
+from pipeline.breaker import Policy, refused
+from pipeline.config import parse_config
+from pipeline.storage import Corpus
+from pipeline.validate import validate
+
+pytestmark = pytest.mark.slow
+
+
+def _config(name: str, urls: list[str], download: dict, execution: dict):
+    return parse_config({
+        "name": name, "sources": [{"type": "urls", "urls": urls}],
+        "download": {"concurrency_limit": name, "per_host": None, **download},
+        "execution": {"retry_backoff_s": 0.1, **execution},
+    })
+
+
+def test_a_pause_holds_every_worker_process_of_a_build(tmp_path, prefect_server):
+    require_binaries("ffmpeg", "ffprobe")
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from flows.shared import PrefectStore
+
+    media = tiny_mp4(tmp_path / "tiny.mp4")
+    breaker = PrefectStore("test-pause-breaker")
+    now = time.time()
+    for video in ("a", "b", "c"):  # another build met a block: a long pause
+        breaker.update("direct", lambda s, v=video: refused(s, v, True, now, now,
+                                                            Policy(cooldown_s=600)))
+    seen: dict[str, float] = {}
+
+    def lift_once_both_workers_wait() -> None:
+        # Each worker runs one batch of one video at a time: two download slots held with no
+        # request made means both worker processes wait at the breaker.
+        deadline = time.monotonic() + 300
+        with get_client(sync_client=True) as client:
+            while time.monotonic() < deadline:
+                try:
+                    held = client.read_global_concurrency_limit_by_name("test-pause").active_slots
+                except ObjectNotFound:
+                    held = 0
+                if held == 2:
+                    seen["requests"] = stats.requests
+                    break
+                time.sleep(0.5)
+        seen["lifted"] = time.time()
+        breaker.update("direct", lambda s: s | {"open_until": seen["lifted"]})
+
+    with flaky_server(media, p429=0, pdrop=0) as (base, stats):
+        cfg = _config("test-pause", [f"{base}/v/{i:02d}.html" for i in range(4)],
+                      {"concurrency": 2, "rate_limit": None},
+                      {"batch_size": 1, "n_workers": 2, "threads_per_worker": 1})
+        lifter = threading.Thread(target=lift_once_both_workers_wait, daemon=True)
+        lifter.start()
+        summary = run_build(cfg, root=str(tmp_path / "corpus"), until="download")
+        lifter.join()
+    assert seen.get("requests") == 0, "both workers did not wait at the breaker"
+    assert stats.first_at >= seen["lifted"]
+    report = summary["stages"]["download"]
+    assert report["ok"] == 4 and len(report["workers"]) == 2
+    assert report["figures"]["paused_s"] > 0
+
+
+def test_a_block_in_the_middle_of_101_videos_loses_none(tmp_path, prefect_server, tally):
+    require_binaries("ffmpeg", "ffprobe")
+    media = tiny_mp4(tmp_path / "tiny.mp4")
+    stems = [f"{i:03d}" + ("-cap404" if i % 25 == 7 else "") for i in range(100)]
+    stems.insert(10, "010-forbidden")
+    # ~4 requests a video (page, two caption tracks, media): the block begins near video 40.
+    block = Block(after=160, seconds=20.0, code=403)
+    root = tmp_path / "corpus"
+    with flaky_server(media, p429=0, pdrop=0, block=block) as (base, stats):
+        cfg = _config("test-block-101", [f"{base}/v/{stem}.html" for stem in stems],
+                      {"concurrency": 4, "rate_limit": 600, "subtitle_langs": ["en", "en-auto"],
+                       "block_threshold": 3, "block_window_s": 60, "block_cooldown_s": 1,
+                       "block_cooldown_max_s": 4},
+                      {"batch_size": 10, "n_workers": 2, "threads_per_worker": 2})
+        first = run_build(cfg, root=str(root), until="download")["stages"]["download"]
+        second = run_build(cfg, root=str(root), until="download")["stages"]["download"]
+    corpus = Corpus(str(root))
+    errors = corpus.read("errors").to_pylist()
+    forbidden = {v for v in corpus.done("videos") if "forbidden" in v}
+    final = {e["item_id"] for e in errors if e["kind"] in ("permanent", "bad_input")}
+    figures = first["figures"]
+    tally("download block build", "videos", "downloaded run 1", "downloaded run 2",
+          "refused requests", "refusals met", "blocked outcomes", "pauses", "seconds paused",
+          "permanent", "seconds run 1", "downloads per minute run 1")
+    for counter, n in [("videos", len(stems)), ("downloaded run 1", first["ok"]),
+                       ("downloaded run 2", second["ok"]), ("refused requests", block.refused),
+                       ("refusals met", figures["refusals"]),
+                       ("blocked outcomes", first["errors"].get("blocked", 0)),
+                       ("pauses", figures["pauses"]), ("seconds paused", round(figures["paused_s"])),
+                       ("permanent", len(final)), ("seconds run 1", round(figures["seconds"])),
+                       ("downloads per minute run 1", round(figures["per_minute"]))]:
+        tally("download block build").add(counter, n)
+    assert block.refused > 0 and figures["pauses"] >= 1 and figures["refusals"] > 0
+    # Nothing failed for good but the always-403 page; every other video is downloaded.
+    assert final == forbidden and len(forbidden) == 1
+    assert set(corpus.done("downloads")) == set(corpus.done("videos")) - forbidden
+    assert first["ok"] + second["ok"] == 100 and not first["stopped"]
+    downloads = {r["video_id"]: r for r in corpus.read("downloads").to_pylist()}
+    assert all([s["lang"] for s in r["subtitles"]] == ["en-auto"]
+               for v, r in downloads.items() if "cap404" in v)
+    assert validate(corpus) == []

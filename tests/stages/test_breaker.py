@@ -1,0 +1,149 @@
+"""The download breaker's policy (pipeline/breaker.py) on explicit times: when an egress trips,
+how its cool-down grows and ends, which egress a download takes, when a block stops the stage,
+and how an HTTP 403 is judged."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.breaker import Gate, Policy, blocked_for, choose, fresh, paused, refused, succeeded
+from pipeline.errors import ErrorKind, StageStopped
+from pipeline.limits import PROCESS
+
+POLICY = Policy(threshold=3, window_s=60, cooldown_s=10, cooldown_max_s=35, max_block_s=100)
+
+
+def _refusals(videos: list[str], strong: bool = True, start: float = 0.0) -> dict:
+    state = None
+    for i, video in enumerate(videos):
+        state = refused(state, video, strong, admitted=start + i, now=start + i, policy=POLICY)
+    return state
+
+
+def test_threshold_counts_different_videos_within_the_window():
+    assert _refusals(["a", "a", "a", "b"])["trips"] == 0  # one video refused again is one
+    tripped = _refusals(["a", "b", "c"])
+    assert (tripped["trips"], tripped["since"], tripped["open_until"]) == (1, 2.0, 12.0)
+    spread = None
+    for i, video in enumerate(["a", "b", "c"]):  # 61 s apart: never three in one window
+        spread = refused(spread, video, True, i * 61.0, i * 61.0, POLICY)
+    assert spread["trips"] == 0
+
+
+def test_403s_count_like_other_refusals_once_they_repeat_across_videos():
+    assert _refusals(["a", "a"], strong=False)["trips"] == 0
+    assert _refusals(["a", "b", "c"], strong=False)["trips"] == 1
+
+
+def test_cooldown_doubles_while_refused_and_resets_after_a_success():
+    state = _refusals(["a", "b", "c"])
+    # The first refusal after a cool-down trips again at once, for twice as long, up to the max.
+    for trips, cooldown in [(2, 20), (3, 35), (4, 35)]:
+        now = state["open_until"]
+        state = refused(state, "z", True, admitted=now, now=now, policy=POLICY)
+        assert (state["trips"], state["open_until"] - now, state["since"]) == (trips, cooldown, 2.0)
+    state = succeeded(state, admitted=state["open_until"], now=state["open_until"] + 1)
+    assert (state["trips"], state["since"]) == (0, None)
+
+
+def test_downloads_that_began_before_a_trip_neither_trip_again_nor_end_the_block():
+    state = _refusals(["a", "b", "c"])
+    assert refused(state, "d", True, admitted=1.0, now=5.0, policy=POLICY) == state
+    assert succeeded(state, admitted=1.0, now=5.0)["since"] == 2.0
+
+
+def test_a_blocked_egress_is_rotated_out_until_all_are_blocked():
+    blocked = _refusals(["a", "b", "c"])
+    states = {"proxy-1": blocked, "proxy-2": fresh()}
+    assert choose(states, now=5.0) == ("proxy-2", 0.0)
+    assert blocked_for(states, now=5.0) is None
+    both = {"proxy-1": blocked, "proxy-2": _refusals(["d", "e", "f"], start=4.0)}
+    assert choose(both, now=7.0) == (None, 5.0)  # proxy-1 opens again at 12
+    assert blocked_for(both, now=7.0) == 1.0  # since proxy-2 tripped at 6
+    # Cooled down but still blocked: probed, after any egress that is not blocked.
+    assert choose(both, now=12.0) == ("proxy-1", 0.0)
+
+
+def test_pauses_are_when_every_egress_cools_down_at_once():
+    one = {"pauses": [[10.0, 20.0], [30.0, 50.0]]}
+    other = {"pauses": [[15.0, 35.0]]}
+    assert paused([one], 0.0, 100.0) == (2, 30.0)
+    assert paused([one], 40.0, 100.0) == (1, 10.0)  # clipped to the run
+    assert paused([one, other], 0.0, 100.0) == (2, 10.0)  # 15-20 and 30-35
+    assert paused([one, fresh()], 0.0, 100.0) == (0, 0.0)
+
+
+class _Clock:
+    """Time that moves only when the gate sleeps, so the test runs instantly."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _gate(name: str, egresses: list[str]) -> tuple[Gate, _Clock]:
+    clock = _Clock()
+    return Gate(PROCESS.store(name), POLICY, egresses, clock=clock, sleep=clock.sleep), clock
+
+
+def test_gate_waits_out_pauses_then_stops_past_max_block_s(request):
+    gate, clock = _gate(request.node.name, ["direct"])
+    for video in "abc":
+        ticket = gate.admit()
+        paused_now = gate.refused(ticket, video)
+    assert paused_now
+    probes = [clock.now]
+    with pytest.raises(StageStopped) as stopped:
+        while True:
+            ticket = gate.admit()  # sleeps through each cool-down, then probes
+            probes.append(clock.now)
+            assert ticket.probing
+            gate.refused(ticket, "probe")
+    waits = [b - a for a, b in zip(probes, probes[1:])]
+    assert waits == [10, 20, 35, 35]  # blocked 100 s; the next pause would end after that
+    message = str(stopped.value)
+    assert "download.max_block_s" in message and "left to do" in message
+    for hint in ("cookies", "proxies", "preset: sleep", "rate_limit", "wait"):
+        assert hint in message
+    assert gate.paused(0, clock.now) == (1, 100.0)  # one pause: each probe failed at once
+
+
+def test_a_probe_that_succeeds_ends_the_block(request):
+    gate, clock = _gate(request.node.name, ["direct"])
+    for video in "abc":
+        gate.refused(gate.admit(), video)
+    ticket = gate.admit()
+    gate.succeeded(ticket)
+    after = gate.admit()
+    assert not after.probing and sum(clock.slept) == 10
+
+
+def test_a_403_is_the_videos_own_only_when_other_videos_got_through_after_it(request):
+    gate, clock = _gate(request.node.name, ["direct"])
+    ticket = gate.admit()
+    gate.refused(ticket, "forbidden", strong=False)
+    at = clock.now
+    assert gate.forbidden_kind(ticket, at) == ErrorKind.BLOCKED  # nothing to compare with yet
+    clock.now += 1
+    gate.succeeded(gate.admit())
+    assert gate.forbidden_kind(ticket, at) == ErrorKind.PERMANENT
+    later = gate.admit()  # successes before it say nothing: the block may start with it
+    assert gate.forbidden_kind(later, clock.now + 1) == ErrorKind.BLOCKED
+    # The same 403 when 403s of other videos trip the egress after it is a block, whatever
+    # got through once the pause was over.
+    again = gate.admit()
+    gate.refused(again, "forbidden", strong=False)
+    at = clock.now
+    for video in "bc":
+        clock.now += 1
+        gate.refused(gate.admit(), video, strong=False)
+    gate.succeeded(gate.admit())
+    assert sum(clock.slept) == 10
+    assert gate.forbidden_kind(again, at) == ErrorKind.BLOCKED
