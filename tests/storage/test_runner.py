@@ -90,7 +90,7 @@ def test_rejected_rows_fail_the_commit_not_silently(memory_root):
 
 def test_a_stopped_batch_commits_what_it_finished_and_leaves_the_rest_to_do(memory_root):
     ctx = _ctx(memory_root)
-    stagekit.make_videos(ctx.corpus, 4)
+    stagekit.make_videos(ctx.corpus, 4, partitions=1)
 
     def stops_after_two(items, c):
         done = stagekit.DOWNLOAD.process(items[:1], c)
