@@ -38,6 +38,7 @@ from pipeline.config import Config, config_hash, dump_config, load_config
 from pipeline.graph import ORDER, SPECS, check_name, stages_until
 from pipeline.rootlock import root_lock
 from pipeline.runner import StageReport, run_partition, run_step
+from pipeline.setup import check_stages
 from pipeline.shards.stage import listing_report
 from pipeline.stages import context, parts
 from pipeline.storage import Corpus
@@ -219,7 +220,7 @@ def _start(cfg: Config, root: str) -> Corpus:
 def _stage_flow(name: str) -> Flow:
     def run(config: str | Config, root: str | None = None, retry_failed: bool = False) -> dict[str, Any]:
         cfg = resolve_config(config)
-        corpus = _start(cfg, _root(cfg, root))
+        corpus = _start(cfg, cfg.corpus_root(root))
         if SPECS[name].scope == "corpus":
             return {p.name: step_task(p.name, corpus.url, cfg) for p in parts(name, cfg)}
         return run_partitions([name], corpus, cfg, retry_failed, pipelined=False)
@@ -252,7 +253,7 @@ def build_corpus(
     """Discover, the partition stages (pipelined, or a stage at a time), the report and
     training, up to ``until``; returns the summary with each stage's report."""
     cfg = resolve_config(config)
-    corpus = _start(cfg, _root(cfg, root))
+    corpus = _start(cfg, cfg.corpus_root(root))
     names = stages_until(until)
     reports: dict[str, Any] = {}
 
@@ -284,13 +285,6 @@ def _same_cluster() -> TaskRunner:
     return runner.duplicate()
 
 
-def _root(cfg: Config, root: str | None) -> str:
-    chosen = root or cfg.root
-    if not chosen:
-        raise ValueError("no corpus root: pass --root or set `root:` in the config")
-    return chosen
-
-
 def run_build(
     config: str | Path | Config,
     root: str | None = None,
@@ -302,7 +296,9 @@ def run_build(
     """Entry point for the CLI and tests: ``build_corpus``, or the flow of one ``stage`` alone,
     on the chosen Dask task runner; returns the corpus summary with the stages' reports."""
     cfg = resolve_config(config)
-    chosen = _root(cfg, root)
+    chosen = cfg.corpus_root(root)
+    # Before the server, the cluster or any download: what the stages need is there.
+    check_stages(cfg, [p for name in ([stage] if stage else stages_until(until)) for p in parts(name, cfg)])
     with root_lock(chosen, **_lock_owner()), build_services(cfg, chosen, dask_address) as address:
         runner = DaskTaskRunner(address=address)
         if stage is None:

@@ -14,9 +14,10 @@ import typer
 from rich.console import Console
 
 from pipeline.config import Config, ConfigError, load_config
+from pipeline.errors import SetupError
 from pipeline.progress import LogFormat, setup_logging
 from pipeline.graph import ORDER, check_name
-from pipeline.storage import Corpus
+from pipeline.storage import Corpus, LayoutError
 from pipeline.summary import print_summary, summarize
 
 app = typer.Typer(
@@ -90,6 +91,7 @@ def build(
     mode = _logging(quiet, json_logs)
     try:
         cfg = load_config(config)
+        cfg.corpus_root(root)
         for name in (until, stage):
             if name is not None:
                 check_name(name)
@@ -100,8 +102,12 @@ def build(
         raise typer.Exit(2) from None
     from flows.build import run_build  # Prefect is imported only when a build runs
 
-    summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
-                        retry_failed=retry_failed, stage=stage)
+    try:
+        summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
+                            retry_failed=retry_failed, stage=stage)
+    except (SetupError, LayoutError) as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
     _emit(summary, mode)
 
 
@@ -282,10 +288,7 @@ def _target(target: str, root: str | None) -> tuple[Corpus, Config]:
     path = Path(target)
     if path.is_file():
         cfg = load_config(path)
-        chosen = root or cfg.root
-        if not chosen:
-            raise ConfigError(f"{target}: no corpus root; pass --root or set `root:`")
-        return Corpus(chosen), cfg
+        return Corpus(cfg.corpus_root(root)), cfg
     corpus = Corpus(root or target)
     return corpus, load_config(corpus.local_path("config.yaml"))
 

@@ -51,6 +51,7 @@ from pipeline.ids import safe_id
 from pipeline.media import check_video
 from pipeline.progress import log
 from pipeline.retention import needed_again
+from pipeline.setup import require_binaries
 from pipeline.runner import Item, Outcome, Stage, StageContext, StageReport, per_item, table_inputs
 from pipeline.storage import Corpus
 from pipeline.subtitles import check_size, read_cues
@@ -419,4 +420,5 @@ def finish(ctx: StageContext, report: StageReport, started: float) -> dict[str, 
 
 
 STAGE = Stage(name="download", output="downloads", source="videos", inputs=table_inputs("videos"),
-              process=process, redo=needed_again, finish=finish)
+              process=process, redo=needed_again, finish=finish,
+              check=lambda cfg: require_binaries("ffmpeg"))

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import Config, ExtractorConfig
 from pipeline.ids import feature_key
+from pipeline.setup import require_package
 from pipeline.runner import Item, Outcome, Stage, StageContext, attach, rows_of
 
 
@@ -33,10 +34,20 @@ def make_stage(ecfg: ExtractorConfig, cfg: Config) -> Stage:
 
         return extract(items, ctx, name)
 
+    def check(cfg: Config) -> None:
+        # The model built once now: missing weights, packages or GPUs stop the build before
+        # any download.
+        require_package("torch", f"the {name} extractor")
+        if ecfg.is_text:
+            require_package("transformers", f"the {name} extractor")
+        from pipeline.features import build_extractor
+
+        build_extractor(ecfg, cfg.frames, cfg.features)
+
     return Stage(name=f"featurize:{feature_key(name)}", output=f"features/{feature_key(name)}",
                  source="clips", inputs=clips_with_media, process=process, key="clip_id",
                  order=("video_id",),
-                 info=("media_path",), batch_size=cfg.features.clips_per_commit)
+                 info=("media_path",), batch_size=cfg.features.clips_per_commit, check=check)
 
 
 def stages(cfg: Config) -> list[Stage]:

@@ -107,6 +107,9 @@ Keys = Callable[[StageContext, str], pa.Array]
 # Called once after a run of the stage with its report and start time (time.time()); returns
 # figures of the run that join the report.
 Finish = Callable[[StageContext, "StageReport", float], dict[str, Any]]
+# Checks what a stage needs before a build does any work (binaries, packages, models,
+# credentials); raises SetupError with one line that says what to do.
+Check = Callable[[Any], None]
 
 
 class Sink(Protocol):
@@ -158,6 +161,7 @@ class Stage:
     redo: Keys | None = None
     sink: Sink | None = None  # None: the ``output`` table
     finish: Finish | None = None
+    check: Check | None = None
 
     @property
     def target(self) -> Sink:
@@ -466,6 +470,7 @@ class Step:
 
     name: str
     run: Callable[[StageContext], Any]
+    check: Check | None = None
 
 
 def run_step(step: Step, ctx: StageContext) -> dict[str, Any]:

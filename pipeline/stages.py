@@ -15,6 +15,7 @@ from pipeline import align, discover, download, featurize, retention, transcribe
 from pipeline.config import Config
 from pipeline.graph import check_name
 from pipeline.runner import RetryPolicy, Stage, StageContext, Step, run_stage, run_step
+from pipeline.setup import require_package
 from pipeline.shards.stage import make_stage as shard_stage
 from pipeline.shards.stage import write_shards
 from pipeline.storage import Corpus
@@ -42,8 +43,12 @@ BUILT: dict[str, Callable[[Config], list[Stage | Step]]] = {
     "featurize": featurize.stages,
     "shard": lambda cfg: [shard_stage(cfg)],
     "report": lambda cfg: [Step("report", _report)],
-    "train": lambda cfg: [Step("train", _train)] if cfg.train is not None else [],
+    "train": lambda cfg: [Step("train", _train, check=_train_check)] if cfg.train is not None else [],
 }
+
+
+def _train_check(cfg: Config) -> None:
+    require_package("torch", "training")
 
 
 def parts(name: str, cfg: Config) -> list[Stage | Step]:

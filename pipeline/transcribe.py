@@ -152,5 +152,12 @@ def transcript_file(path: str, asr: AsrConfig, cfg: TranscribeConfig) -> list[di
              "source": source} for s in sentences]
 
 
+def check(cfg: Config) -> None:
+    """ASR in ``transcribe.prefer``: its model or client set up once now, so a missing model
+    or credentials stop the build before anything is downloaded."""
+    if "asr" in cfg.transcribe.prefer:
+        get_backend(cfg.transcribe.asr)
+
+
 STAGE = Stage(name="transcribe", output="segments", source="downloads", inputs=table_inputs("downloads"),
-              process=per_item(transcribe_one))
+              process=per_item(transcribe_one), check=check)

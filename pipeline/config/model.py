@@ -40,6 +40,13 @@ class Config(BaseModel):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
 
+    def corpus_root(self, override: str | None = None) -> str:
+        """Where the corpus lives: ``override`` (a --root option) or the config's ``root``."""
+        chosen = override or self.root
+        if not chosen:
+            raise ValueError(f"config {self.name!r} has no corpus root: pass --root or set `root:` in it")
+        return chosen
+
     @model_validator(mode="before")
     @classmethod
     def _empty_sections(cls, data: Any) -> Any:

@@ -23,6 +23,7 @@ from pipeline.errors import BadInputError
 from pipeline.featurize import clips_with_media
 from pipeline.media import ClipCut, cut_clips
 from pipeline.runner import Item, Outcome, Stage, StageContext, run_partition
+from pipeline.setup import require_binaries
 from pipeline.shards.index import PartitionIndex, ShardEntry, refresh_listings
 from pipeline.shards.parquet import part_name, write_part
 from pipeline.shards.samples import Sample, batch_samples, feature_tables
@@ -137,8 +138,13 @@ class ShardSink:
 def make_stage(cfg: Config) -> Stage:
     return Stage(name="shard", output="shards", source="clips", inputs=clips_with_media, process=process,
                  key="clip_id", group="split", order=("video_id", "start_s"),
-                 info=("media_path",), sink=ShardSink(),
-                 batch_size=cfg.shards.samples_per_shard)
+                 info=("media_path",), sink=ShardSink(), batch_size=cfg.shards.samples_per_shard,
+                 check=_check)
+
+
+def _check(cfg: Config) -> None:
+    if cfg.shards.webdataset.enabled and cfg.shards.webdataset.include_media:
+        require_binaries("ffmpeg")
 
 
 def write_shards(ctx: StageContext, partitions: list[str] | None = None) -> dict[str, Any]:

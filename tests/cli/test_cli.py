@@ -37,6 +37,32 @@ def test_typo_and_wrong_type_fail_before_any_work(tmp_path):
     assert not root.exists()  # nothing was started
 
 
+@pytest.mark.parametrize("command", ["build", "train"])
+def test_a_config_without_a_root_is_one_line(tmp_path, command):
+    config = tmp_path / "rootless.yaml"
+    config.write_text("name: rootless\nsources:\n  - type: urls\n    urls: [http://127.0.0.1/x]\n")
+    result = vlcorpus(command, str(config))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == ("config 'rootless' has no corpus root: pass --root or set "
+                                     "`root:` in it")
+
+
+@pytest.mark.slow
+def test_setup_is_checked_before_any_download(tmp_path):
+    """ASR in transcribe.prefer with a model that is nowhere: one line, exit 2, nothing fetched."""
+    config = tmp_path / "asr.yaml"
+    root = tmp_path / "root"
+    config.write_text(f"name: asr\nroot: {root}\nsources:\n  - type: urls\n"
+                      "    urls: [http://127.0.0.1:9/x.html]\n"
+                      "transcribe:\n  asr: {model: /no/such/whisper-model}\n")
+    result = vlcorpus("build", str(config), "--quiet")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "faster-whisper model directory '/no/such/whisper-model' does not exist")
+    assert "Traceback" not in result.stderr
+    assert not (root / "videos").exists() and not (root / "media").exists()
+
+
 def test_unknown_until_stage_is_refused(tmp_path):
     config = tmp_path / "ok.yaml"
     config.write_text("name: ok\nsources:\n  - type: urls\n    urls: [http://127.0.0.1/x]\n")

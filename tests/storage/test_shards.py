@@ -8,6 +8,7 @@ import shutil
 
 import dask.dataframe as dd
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 
 from pipeline import align, transcribe
@@ -174,3 +175,28 @@ def test_training_pairs_read_from_either_shards_equal_the_tables(demo_corpus, tm
             assert a.shape == b.shape and np.array_equal(a, b), kind
     with pytest.raises(ValueError, match="no text features"):
         PairSet.from_shards(corpus.path("shards/webdataset"), "resnet34", "text:absent")
+
+
+def test_a_clip_that_cannot_be_cut_is_in_neither_format_and_not_cut_again(demo_corpus, tmp_path):
+    """With clip media on, a clip past the end of its video is an errors row (bad input): it is
+    in neither the WebDataset nor the Parquet shards, and a rerun does not try it again."""
+    cfg = _config(include_media=True, media={"precision": "copy"})
+    corpus, _ = _corpus(demo_corpus, tmp_path / "c", cfg)
+    clip = corpus.read("clips").to_pylist()[0]
+    ghost = dict(clip, clip_id=f"{clip['video_id']}-900000-903000", start_s=900.0, end_s=903.0,
+                 segment_index=999)
+    corpus.write_partitioned("clips", [ghost], "ghost", done=[clip["video_id"]])
+    first = write_shards(context(corpus, cfg))
+    clips = set(corpus.read("clips").column("clip_id").to_pylist())
+    in_tars = {s["clip_id"] for s in open_webdataset(corpus.path("shards/webdataset"))}
+    in_parquet = set(open_parquet(corpus.path("shards/parquet")).to_table().column("clip_id").to_pylist())
+    assert in_tars == in_parquet == clips - {ghost["clip_id"]}
+    errors = corpus.read("errors").filter(pc.field("stage") == "shard").to_pylist()
+    assert [(e["item_id"], e["kind"]) for e in errors] == [(ghost["clip_id"], "bad_input")]
+    assert "ends after the media" in errors[0]["message"]
+    assert first["webdataset"]["samples"] == len(clips) - 1
+    from pipeline.shards.stage import make_stage
+    from pipeline.runner import plan_partition
+
+    plan = plan_partition(make_stage(cfg), context(corpus, cfg), corpus.partition_of(clip["video_id"]))
+    assert plan.report.skipped_failed == 1 and plan.report.todo == 0
