@@ -41,6 +41,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import av
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -72,15 +73,17 @@ def v2d_venv(venv: Path) -> Path:
     return venv / "bin" / "video2dataset"
 
 
-def spans_list(site: DemoSite, base: str, path: Path) -> int:
-    """video2dataset's URL list: one row per video with its caption cues; returns the cues."""
+def spans_list(site: DemoSite, base: str, path: Path) -> tuple[int, float]:
+    """video2dataset's URL list: one row per video with its caption cues; returns how many
+    cues there are and their seconds together."""
     rows = []
     for video in site.videos:
         cues = read_cues(site.out_dir / video.subs["en"])
         rows.append({"url": base + video.page, "clips": [[c.start_s, c.end_s] for c in cues],
                      "caption": "\n".join(c.text for c in cues)})
     pq.write_table(pa.Table.from_pylist(rows), path)
-    return sum(len(r["clips"]) for r in rows)
+    return (sum(len(r["clips"]) for r in rows),
+            sum(end - start for r in rows for start, end in r["clips"]))
 
 
 def our_config(path: Path, urls: Path, precision: str) -> Path:
@@ -144,13 +147,18 @@ def floor(site: DemoSite, out: Path) -> None:
         list(pool.map(transcode, [v.media for v in site.videos]))
 
 
-def clip_count(folder: Path) -> int:
-    """Clip mp4s in the WebDataset tars under ``folder``."""
-    count = 0
+def clips_in(folder: Path) -> tuple[int, float]:
+    """The clip mp4s in the WebDataset tars under ``folder``: how many, and their seconds
+    together (a stream copy starts at a keyframe, so its clips run longer than their spans)."""
+    count, seconds = 0, 0.0
     for path in folder.rglob("*.tar"):
         with tarfile.open(path) as tar:
-            count += sum(1 for name in tar.getnames() if name.endswith(".mp4"))
-    return count
+            for member in tar:
+                if member.name.endswith(".mp4"):
+                    with av.open(tar.extractfile(member)) as container:
+                        seconds += (container.duration or 0) / 1e6
+                    count += 1
+    return count, seconds
 
 
 def main() -> None:
@@ -167,9 +175,9 @@ def main() -> None:
         floor_s, _ = timed(floor, site, work / "floor")
         results = {}
         with serve_demo(site.out_dir) as base:
-            spans = spans_list(site, base, work / "spans.parquet")
-            print(f"{args.videos} videos x {args.seconds} s at 854x480, {spans} caption spans; "
-                  f"floor {floor_s:.1f} s", flush=True)
+            spans, span_s = spans_list(site, base, work / "spans.parquet")
+            print(f"{args.videos} videos x {args.seconds} s at 854x480, {spans} caption spans "
+                  f"({span_s:.0f} s); floor {floor_s:.1f} s", flush=True)
             for precision in ("copy", "exact"):
                 root, out = work / f"ours-{precision}", work / f"v2d-{precision}"
                 config = our_config(work / f"ours-{precision}.yaml", site.out_dir / "urls.txt", precision)
@@ -177,30 +185,33 @@ def main() -> None:
                 v2d_s, _ = timed(video2dataset, command, work / "spans.parquet",
                                  v2d_config(work / f"v2d-{precision}.yaml", precision, args.videos),
                                  out, work / f"v2d-{precision}.log")
+                (ours_n, ours_clip_s), (v2d_n, v2d_clip_s) = clips_in(root / "shards"), clips_in(out)
                 results[precision] = {"ours_s": round(ours_s, 1), "v2d_s": round(v2d_s, 1),
-                                      "clips_ours": clip_count(root / "shards" / "webdataset"),
-                                      "clips_v2d": clip_count(out)}
+                                      "clips_ours": ours_n, "clips_v2d": v2d_n,
+                                      "clip_s_ours": round(ours_clip_s, 1), "clip_s_v2d": round(v2d_clip_s, 1)}
                 print(f"{precision}: ours {ours_s:.1f} s, video2dataset {v2d_s:.1f} s", flush=True)
-    report(args, spans, floor_s, results)
+    report(args, spans, span_s, floor_s, results)
 
 
-def report(args: argparse.Namespace, spans: int, floor_s: float, results: dict[str, dict]) -> None:
+def report(args: argparse.Namespace, spans: int, span_s: float, floor_s: float,
+           results: dict[str, dict]) -> None:
     print(f"\n{'precision':<9} {'ours s':>7} {'v2d s':>7} {'ours/v2d':>9} {'ours/floor':>11} "
-          f"{'v2d/floor':>10} {'clips ours':>11} {'clips v2d':>10}")
+          f"{'v2d/floor':>10} {'clips ours':>11} {'clips v2d':>10} {'clip s ours':>12} {'clip s v2d':>11}")
     for precision, r in results.items():
         r["ours_over_v2d"] = round(r["ours_s"] / r["v2d_s"], 2)
         r["ours_over_floor"] = round(r["ours_s"] / floor_s, 2)
         r["v2d_over_floor"] = round(r["v2d_s"] / floor_s, 2)
         print(f"{precision:<9} {r['ours_s']:>7.1f} {r['v2d_s']:>7.1f} {r['ours_over_v2d']:>8.2f}x "
               f"{r['ours_over_floor']:>10.2f}x {r['v2d_over_floor']:>9.2f}x {r['clips_ours']:>11} "
-              f"{r['clips_v2d']:>10}")
+              f"{r['clips_v2d']:>10} {r['clip_s_ours']:>12.1f} {r['clip_s_v2d']:>11.1f}")
     print(f"floor: libx264 veryfast transcode of all {args.videos} whole videos, {PROCESSES} at a "
-          f"time: {floor_s:.1f} s")
+          f"time: {floor_s:.1f} s; caption spans: {spans}, {span_s:.1f} s")
     for precision, r in results.items():
         if not r["clips_ours"] == r["clips_v2d"] == spans:
             print(f"NOTE {precision}: clip counts differ (ours {r['clips_ours']}, video2dataset "
                   f"{r['clips_v2d']}, caption spans {spans}): the times are not for the same output")
-    print(json.dumps({"videos": args.videos, "seconds": args.seconds, "spans": spans, "cpus": os.cpu_count(),
+    print(json.dumps({"videos": args.videos, "seconds": args.seconds, "spans": spans,
+                      "span_s": round(span_s, 1), "cpus": os.cpu_count(),
                       "floor_s": round(floor_s, 1), **results}))
 
 
