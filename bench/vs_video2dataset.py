@@ -161,6 +161,20 @@ def clips_in(folder: Path) -> tuple[int, float]:
     return count, seconds
 
 
+def compare(precision: str, work: Path, site: DemoSite, command: Path, videos: int) -> dict[str, float]:
+    """Our build and video2dataset's at one precision, each on a fresh output: times and clips."""
+    root, out = work / f"ours-{precision}", work / f"v2d-{precision}"
+    config = our_config(work / f"ours-{precision}.yaml", site.out_dir / "urls.txt", precision)
+    ours_s, _ = timed(ours, config, root, work / f"ours-{precision}.log")
+    v2d_s, _ = timed(video2dataset, command, work / "spans.parquet",
+                     v2d_config(work / f"v2d-{precision}.yaml", precision, videos), out,
+                     work / f"v2d-{precision}.log")
+    (ours_n, ours_clip_s), (v2d_n, v2d_clip_s) = clips_in(root / "shards"), clips_in(out)
+    print(f"{precision}: ours {ours_s:.1f} s, video2dataset {v2d_s:.1f} s", flush=True)
+    return {"ours_s": round(ours_s, 1), "v2d_s": round(v2d_s, 1), "clips_ours": ours_n, "clips_v2d": v2d_n,
+            "clip_s_ours": round(ours_clip_s, 1), "clip_s_v2d": round(v2d_clip_s, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--videos", type=int, default=20)
@@ -173,23 +187,11 @@ def main() -> None:
         print(f"making {args.videos} videos of {args.seconds} s ...", flush=True)
         site = make_caption_site(work / "site", args.videos, args.seconds)
         floor_s, _ = timed(floor, site, work / "floor")
-        results = {}
         with serve_demo(site.out_dir) as base:
             spans, span_s = spans_list(site, base, work / "spans.parquet")
             print(f"{args.videos} videos x {args.seconds} s at 854x480, {spans} caption spans "
                   f"({span_s:.0f} s); floor {floor_s:.1f} s", flush=True)
-            for precision in ("copy", "exact"):
-                root, out = work / f"ours-{precision}", work / f"v2d-{precision}"
-                config = our_config(work / f"ours-{precision}.yaml", site.out_dir / "urls.txt", precision)
-                ours_s, _ = timed(ours, config, root, work / f"ours-{precision}.log")
-                v2d_s, _ = timed(video2dataset, command, work / "spans.parquet",
-                                 v2d_config(work / f"v2d-{precision}.yaml", precision, args.videos),
-                                 out, work / f"v2d-{precision}.log")
-                (ours_n, ours_clip_s), (v2d_n, v2d_clip_s) = clips_in(root / "shards"), clips_in(out)
-                results[precision] = {"ours_s": round(ours_s, 1), "v2d_s": round(v2d_s, 1),
-                                      "clips_ours": ours_n, "clips_v2d": v2d_n,
-                                      "clip_s_ours": round(ours_clip_s, 1), "clip_s_v2d": round(v2d_clip_s, 1)}
-                print(f"{precision}: ours {ours_s:.1f} s, video2dataset {v2d_s:.1f} s", flush=True)
+            results = {p: compare(p, work, site, command, args.videos) for p in ("copy", "exact")}
     report(args, spans, span_s, floor_s, results)
 
 
