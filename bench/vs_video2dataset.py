@@ -13,18 +13,19 @@ For each precision, in one run:
 - ours: `vlcorpus build CONFIG --root FRESH --until shard` (no features, Parquet shards off,
   `shards.webdataset.include_media`, clips at the source height with audio; `copy` = stream
   copy, `exact` = re-encode), on its default local cluster (2 workers, 4 downloads at once);
-- video2dataset: its CLI with the `ClippingSubsampler` (`precision: low`, a stream copy split
-  at keyframes, or `exact`, a re-encode with keyframes forced at the cuts), 2 processes of 2
-  download threads, no metadata requests;
+- video2dataset: its CLI with the `ClippingSubsampler` (`precision: low`, one stream copy of
+  the whole video split at keyframes by ffmpeg's segment muxer, or `exact`, one re-encode of
+  the whole video at ffmpeg's default libx264 preset with keyframes forced at the cuts), 2
+  processes of 2 download threads, no metadata requests;
 - the floor (once): `ffmpeg -c:v libx264 -preset veryfast` over every whole video at its own
   height, 2 processes at a time.
-Prints each wall time, ours / video2dataset and each / the floor, the clip counts (and says so
-when they differ), then one JSON line.
+Prints each wall time, ours / video2dataset and each / the floor, the clip counts and their
+seconds (saying so when the counts differ), then one JSON line.
 
 video2dataset is installed once into its own virtualenv (--venv, by default under
 ~/.cache/vlcorpus-bench), never into ours: its pins (torch 2.1.2 with CUDA libraries,
 transformers 4.37.1, numpy<2) cannot live next to ours. The extra pins it needs to install from
-PyPI are V2D_PINS; the first run downloads about 3 GB and takes about 5 minutes.
+PyPI are V2D_PINS; the first run downloads about 3 GB (5.8 GB installed) in about 5 minutes.
 Usage: python bench/vs_video2dataset.py [--videos 20] [--seconds 60] [--venv DIR]
 """
 
