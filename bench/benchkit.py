@@ -1,22 +1,85 @@
-"""What several benchmarks share: a generated test video, a timer, and mirrored demo pages."""
+"""What several benchmarks share: a generated test video, a captioned site of them, a timer,
+and mirrored demo pages."""
 
 from __future__ import annotations
 
+import json
+import os
+import random
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pipeline.demo import DemoSite, DemoVideo, Scene, Sentence, author_vtt
+from pipeline.demo.pages import index_html, page_html, write_text
 
-def make_test_video(path: str, seconds: int, audio: bool = False) -> None:
-    """An 854x480 25 fps H.264 test pattern (keyframe every 10 s), with a sine tone if ``audio``."""
+FPS = 25
+# Synthetic caption sentences last this long: inside align's default 2-5 s, with room for
+# rounding, so every cue is one clip for every tool.
+SENTENCE_S = (2.2, 4.6)
+_SUBJECTS = ["The kitchen", "This room", "The hallway", "Our balcony", "The bedroom", "The view"]
+_VERBS = ["has", "shows", "gets", "keeps", "opens onto", "leads to"]
+_OBJECTS = ["a wide window", "a red sofa", "two lamps", "the morning light", "a small desk",
+            "a tiled floor", "the old fireplace", "a green plant"]
+
+
+def make_test_video(path: str, seconds: int, audio: bool = False, keyframe_s: float = 10) -> None:
+    """An 854x480 25 fps H.264 test pattern (a keyframe every ``keyframe_s``), with a sine tone
+    (AAC) if ``audio``."""
     tone = ["-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}"] if audio else []
     subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi",
-                    "-i", f"testsrc2=s=854x480:r=25:d={seconds}", *tone, "-c:v", "libx264",
-                    "-preset", "ultrafast", "-g", "250", "-pix_fmt", "yuv420p",
+                    "-i", f"testsrc2=s=854x480:r={FPS}:d={seconds}", *tone, "-c:v", "libx264",
+                    "-preset", "ultrafast", "-g", str(round(keyframe_s * FPS)), "-pix_fmt", "yuv420p",
                     *(["-c:a", "aac"] if audio else []), path], check=True)
+
+
+def _sentences(rng: random.Random, seconds: float) -> list[Sentence]:
+    """Back-to-back sentences from 0 s that end at least 0.5 s before the video does (the
+    last caption stays up 0.3 s longer)."""
+    out: list[Sentence] = []
+    start = 0.0
+    while True:
+        end = round(start + rng.uniform(*SENTENCE_S), 3)
+        if end > seconds - 0.5:
+            return out
+        text = f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}."
+        out.append(Sentence(text, start, end, []))
+        start = end
+
+
+def _caption_video(site: Path, index: int, seconds: int, rng: random.Random) -> DemoVideo:
+    vid = f"video-{index:03d}"
+    video = DemoVideo(id=vid, title=f"Test video {index}", page=f"pages/{vid}.html",
+                      media=f"media/{vid}.mp4", subs={"en": f"subs/{vid}.en.vtt"},
+                      duration_s=float(seconds), music_s=0.0,
+                      scenes=[Scene(0, 0.0, float(seconds), "studio", "test pattern", "white",
+                                    "pattern", _sentences(rng, seconds))])
+    write_text(site / video.subs["en"], author_vtt(video, split_sentence=-1))
+    write_text(site / video.page, page_html(video.title, video.media, [("en", video.subs["en"], "English")]))
+    return video
+
+
+def make_caption_site(site: Path, videos: int, seconds: int, seed: int = 0,
+                      keyframe_s: float = 2) -> DemoSite:
+    """A site in the demo's layout (so ``pipeline.demo.serve_demo`` serves it): ``videos``
+    test-pattern videos of ``seconds`` (854x480 H.264 + AAC, a keyframe every ``keyframe_s``,
+    as web video has), each with an author caption track of synthetic back-to-back sentences,
+    one a cue; made on every core."""
+    rng = random.Random(f"vlcorpus-bench-site:{seed}")
+    made = [_caption_video(site, i, seconds, rng) for i in range(videos)]
+    (site / "media").mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(lambda v: make_test_video(str(site / v.media), seconds, audio=True,
+                                                keyframe_s=keyframe_s), made))
+    demo = DemoSite(out_dir=site, seed=seed, videos=made)
+    write_text(site / "index.html", index_html(demo))
+    write_text(site / "manifest.json", json.dumps(demo.manifest(), indent=2) + "\n")
+    return demo
 
 
 def timed(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
@@ -36,3 +99,18 @@ def mirror_pages(site: Path, pages: int) -> list[str]:
         shutil.copy(good[i % len(good)], site / "pages" / name)
         names.append(f"pages/{name}")
     return names
+
+
+def build_env() -> dict[str, str]:
+    """The environment of a build in a child process: Prefect's temporary server gets 120 s to
+    start instead of 20, since on a busy shared machine it takes longer and the build would
+    fail before doing anything."""
+    return {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", **os.environ}
+
+
+def vlcorpus(args: list[str], log: Path) -> subprocess.CompletedProcess:
+    """``vlcorpus ARGS`` from this interpreter's environment, as a user runs it, with its output
+    in ``log``."""
+    with open(log, "w") as out:
+        return subprocess.run([str(Path(sys.executable).with_name("vlcorpus")), *args], env=build_env(),
+                              stdout=out, stderr=subprocess.STDOUT)

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchkit import mirror_pages
+from benchkit import build_env, mirror_pages
 
 from pipeline.demo import make_demo_media, serve_demo
 
@@ -59,7 +59,9 @@ def main() -> None:
         for size in args.sizes:
             out = subprocess.run([sys.executable, __file__, "--child", str(work / "site"),
                                   str(work / f"corpus-{size}"), str(size)],
-                                 capture_output=True, text=True, check=True)
+                                 capture_output=True, text=True, env=build_env())
+            if out.returncode:
+                raise SystemExit(f"the build of {size} videos failed ({out.returncode}):\n{out.stderr[-4000:]}")
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"{'videos':>6} {'clips':>6} {'seconds':>8} {'clips/s':>8} {'flow peak RSS MB':>17}")
     for row in rows:
