@@ -101,16 +101,9 @@ def mirror_pages(site: Path, pages: int) -> list[str]:
     return names
 
 
-def build_env() -> dict[str, str]:
-    """The environment of a build in a child process: Prefect's temporary server gets 120 s to
-    start instead of 20, since on a busy shared machine it takes longer and the build would
-    fail before doing anything."""
-    return {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", **os.environ}
-
-
 def vlcorpus(args: list[str], log: Path) -> subprocess.CompletedProcess:
     """``vlcorpus ARGS`` from this interpreter's environment, as a user runs it, with its output
     in ``log``."""
     with open(log, "w") as out:
-        return subprocess.run([str(Path(sys.executable).with_name("vlcorpus")), *args], env=build_env(),
+        return subprocess.run([str(Path(sys.executable).with_name("vlcorpus")), *args],
                               stdout=out, stderr=subprocess.STDOUT)

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchkit import build_env, mirror_pages
+from benchkit import mirror_pages
 
 from pipeline.demo import make_demo_media, serve_demo
 
@@ -59,7 +59,7 @@ def main() -> None:
         for size in args.sizes:
             out = subprocess.run([sys.executable, __file__, "--child", str(work / "site"),
                                   str(work / f"corpus-{size}"), str(size)],
-                                 capture_output=True, text=True, env=build_env())
+                                 capture_output=True, text=True)
             if out.returncode:
                 raise SystemExit(f"the build of {size} videos failed ({out.returncode}):\n{out.stderr[-4000:]}")
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -24,6 +24,22 @@ from pipeline.config import Config
 PRELOAD = ["flows.build"]
 
 
+# Seconds the temporary server may take to come up: Prefect's default (20) fails builds on a
+# busy machine, where importing the server and migrating its database take longer.
+SERVER_STARTUP_S = 120
+
+
+def start_server(port: int | None = None):
+    """Prefect's temporary local server (a subprocess), started and healthy."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    # The server would otherwise try to reach Prefect's telemetry endpoint on every start.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    server = SubprocessASGIServer(port=port)
+    server.start(timeout=SERVER_STARTUP_S)
+    return server
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -37,16 +53,13 @@ def _server() -> Iterator[Callable[[], None]]:
     if PREFECT_API_URL.value():
         yield lambda: None
         return
-    from prefect.server.api.server import SubprocessASGIServer
-
-    # The server would otherwise try to reach Prefect's telemetry endpoint on every start.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    server = SubprocessASGIServer(port=_free_port())
+    port = _free_port()
+    servers: list = []
     failed: list[BaseException] = []
 
     def start() -> None:
         try:
-            server.start()
+            servers.append(start_server(port))
         except BaseException as exc:  # noqa: BLE001 - raised by wait(), in the caller's thread
             failed.append(exc)
 
@@ -55,18 +68,20 @@ def _server() -> Iterator[Callable[[], None]]:
         if failed:
             raise failed[0]
 
-    os.environ["PREFECT_API_URL"] = server.api_url
+    api_url = f"http://127.0.0.1:{port}/api"
+    os.environ["PREFECT_API_URL"] = api_url
     thread = threading.Thread(target=start, name="prefect-server", daemon=True)
     thread.start()
     try:
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
+        with temporary_settings({PREFECT_API_URL: api_url}):
             yield wait
     finally:
         thread.join()
         # Send the run's last logs while the server is still there to take them.
         APILogWorker.drain_all()
         os.environ.pop("PREFECT_API_URL", None)
-        server.stop()
+        for server in servers:
+            server.stop()
 
 
 def cluster_address(cfg: Config, dask_address: str | None = None) -> str | None:

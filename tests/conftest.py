@@ -105,12 +105,11 @@ def demo_corpus(tmp_path_factory):
 def prefect_server(monkeypatch, tmp_path):
     """A Prefect server of the test's own (database under tmp_path), that the test process
     and any process it starts share through PREFECT_API_URL, as in production."""
-    from prefect.server.api.server import SubprocessASGIServer
+    from flows.services import start_server
 
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    server = SubprocessASGIServer()
-    server.start()
+    server = start_server()
     monkeypatch.setenv("PREFECT_API_URL", server.api_url)
     yield server.api_url
     server.stop()
