@@ -200,13 +200,15 @@ class Gate:
             self._seen[ticket.egress] = self.store.update(
                 ticket.egress, lambda s: succeeded(s, ticket.admitted, now))
 
-    def forbidden_kind(self, ticket: Ticket, at: float) -> ErrorKind:
+    def forbidden_kind(self, ticket: Ticket, at: float, earlier: float | None = None) -> ErrorKind:
         """An HTTP 403 at ``at`` is the video's own (permanent) when its egress was not blocked,
-        has not tripped since, and let another video through after it; otherwise it is taken as
-        a block, not final: the next run tries again (a 403 alone decides nothing)."""
+        has not tripped since, and let another video through after it, or after the same
+        video's earlier 403 (at ``earlier``, in an earlier run); otherwise it is taken as a
+        block, not final: the next run tries again (a 403 alone decides nothing)."""
         state = self._read()[ticket.egress]
         last_ok = max(state["last_ok"], self._local_ok.get(ticket.egress, 0.0))
-        own = not ticket.probing and state["tripped_at"] < ticket.admitted and last_ok > at
+        since = at if earlier is None else min(at, earlier)
+        own = not ticket.probing and state["tripped_at"] < ticket.admitted and last_ok > since
         return ErrorKind.PERMANENT if own else ErrorKind.BLOCKED
 
     def paused(self, start: float, end: float) -> tuple[int, float]:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import pyarrow.dataset as ds
 from yt_dlp.utils import download_range_func
 
 from pipeline import limits
@@ -359,9 +360,19 @@ def download_one(item: Item, ctx: StageContext, batch: _Batch) -> Outcome:
         return _fetched(row, ctx, batch)
 
 
-def _forbidden_verdict(outcome: Outcome, batch: _Batch) -> None:
+def _earlier_403(ctx: StageContext, video: str) -> float | None:
+    """When an earlier run's download of ``video`` last met a 403 taken as a block."""
+    rows = ctx.corpus.read("errors", columns=["kind", "message", "time"],
+                           filter=(ds.field("stage") == "download") & (ds.field("item_id") == video),
+                           partition=ctx.corpus.partition_of(video)).to_pylist()
+    times = [r["time"].timestamp() for r in rows
+             if r["kind"] == ErrorKind.BLOCKED.value and "403" in r["message"]]
+    return max(times, default=None)
+
+
+def _forbidden_verdict(outcome: Outcome, batch: _Batch, ctx: StageContext) -> None:
     ticket, at = batch.forbidden[outcome.key]
-    outcome.kind = batch.gate.forbidden_kind(ticket, at)
+    outcome.kind = batch.gate.forbidden_kind(ticket, at, _earlier_403(ctx, outcome.key))
     if outcome.kind == ErrorKind.PERMANENT:
         outcome.message += " (again after a fresh extraction, while other videos downloaded)"
     else:
@@ -388,7 +399,7 @@ def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
         if batch.refusals[outcome.key]:
             outcome.stats["refusals"] = batch.refusals[outcome.key]
         if not outcome.ok and outcome.key in batch.forbidden:
-            _forbidden_verdict(outcome, batch)
+            _forbidden_verdict(outcome, batch, ctx)
     stops = [r for r in results if isinstance(r, StageStopped)]
     if stops:
         raise StageStopped(str(stops[0]), finished=outcomes)

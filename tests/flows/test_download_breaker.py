@@ -68,9 +68,10 @@ def test_a_pause_holds_every_worker_process_of_a_build(tmp_path, prefect_server)
         breaker.update("direct", lambda s: s | {"open_until": seen["lifted"]})
 
     with flaky_server(media, p429=0, pdrop=0) as (base, stats):
-        cfg = _config("test-pause", [f"{base}/v/{i:02d}.html" for i in range(4)],
+        # Six videos in four partitions: the download tasks of two partitions at once.
+        cfg = _config("test-pause", [f"{base}/v/{i:02d}.html" for i in range(6)],
                       {"concurrency": 2, "rate_limit": None},
-                      {"batch_size": 1, "n_workers": 2, "threads_per_worker": 1})
+                      {"batch_size": 1, "n_workers": 2, "threads_per_worker": 1, "partitions": 4})
         lifter = threading.Thread(target=lift_once_both_workers_wait, daemon=True)
         lifter.start()
         summary = run_build(cfg, root=str(tmp_path / "corpus"), until="download")
@@ -78,7 +79,7 @@ def test_a_pause_holds_every_worker_process_of_a_build(tmp_path, prefect_server)
     assert seen.get("requests") == 0, "both workers did not wait at the breaker"
     assert stats.first_at >= seen["lifted"]
     report = summary["stages"]["download"]
-    assert report["ok"] == 4 and len(report["workers"]) == 2
+    assert report["ok"] == 6 and len(report["workers"]) == 2
     assert report["figures"]["paused_s"] > 0
 
 

@@ -147,3 +147,17 @@ def test_a_403_is_the_videos_own_only_when_other_videos_got_through_after_it(req
     gate.succeeded(gate.admit())
     assert sum(clock.slept) == 10
     assert gate.forbidden_kind(again, at) == ErrorKind.BLOCKED
+
+
+def test_a_403_again_in_a_later_run_with_downloads_in_between_is_the_videos_own(request):
+    """The last video left to download meets its 403 alone: no other video gets through after
+    it in that run. Its earlier run's 403, with downloads since, decides."""
+    gate, clock = _gate(request.node.name, ["direct"])
+    earlier = clock.now
+    clock.now += 1
+    gate.succeeded(gate.admit())  # other videos downloaded after the first 403
+    clock.now += 100  # the next run: the video alone, 403 again
+    alone = gate.admit()
+    gate.refused(alone, "forbidden", strong=False)
+    assert gate.forbidden_kind(alone, clock.now) == ErrorKind.BLOCKED
+    assert gate.forbidden_kind(alone, clock.now, earlier) == ErrorKind.PERMANENT
