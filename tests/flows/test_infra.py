@@ -111,7 +111,6 @@ def test_deploy_registers_every_deployment(prefect_server):
 
 
 SERVE = """
-from conftest import ROOT
 from flows.build import rebuild_corpus
 rebuild_corpus.serve(name="served-test")
 """

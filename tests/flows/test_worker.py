@@ -160,6 +160,7 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
                 "name": "worker-test",
                 "sources": [{"type": "list", "path": str(urls)}],
                 "download": {"subtitle_langs": ["en", "en-auto"]},
+                "transcribe": {"prefer": ["manual", "auto"]},
                 "align": {"splits": {"train": 0.5, "val": 0.0, "test": 0.5}},
                 "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"}]},
                 "execution": {"n_workers": 1, "batch_size": 4, "retry_backoff_s": 0},
