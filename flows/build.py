@@ -96,6 +96,12 @@ def prepare_download_limit(cfg: Config) -> None:
         client.upsert_global_concurrency_limit_by_name(cfg.download.concurrency_limit, cfg.download.concurrency)
 
 
+# A flow's config parameter: a YAML path, a Config or its dict. Typed loosely on purpose: a
+# parameter typed as Config makes Prefect build the whole config's JSON schema for each flow
+# at import (about 80 ms a flow, most of a second for the stage flows).
+ConfigArg = Any
+
+
 def resolve_config(config: str | Path | Config | dict) -> Config:
     if isinstance(config, Config):
         return config
@@ -218,7 +224,7 @@ def _start(cfg: Config, root: str) -> Corpus:
 
 
 def _stage_flow(name: str) -> Flow:
-    def run(config: str | Config, root: str | None = None, retry_failed: bool = False) -> dict[str, Any]:
+    def run(config: ConfigArg, root: str | None = None, retry_failed: bool = False) -> dict[str, Any]:
         cfg = resolve_config(config)
         corpus = _start(cfg, cfg.corpus_root(root))
         if SPECS[name].scope == "corpus":
@@ -245,7 +251,7 @@ train_flow = STAGE_FLOWS["train"]
 
 @flow(name="build_corpus", persist_result=False)
 def build_corpus(
-    config: str | Config,
+    config: ConfigArg,
     root: str | None = None,
     until: str | None = None,
     retry_failed: bool = False,
@@ -257,20 +263,23 @@ def build_corpus(
     names = stages_until(until)
     reports: dict[str, Any] = {}
 
-    def subflow(name: str) -> None:
-        stage_flow = STAGE_FLOWS[name].with_options(task_runner=_same_cluster())
-        reports.update(stage_flow(cfg, root=corpus.url, retry_failed=retry_failed))
+    def steps(name: str) -> None:
+        # Corpus-wide steps run as tasks of this flow (a subflow each would cost a flow run
+        # and a cluster connection for a step of seconds).
+        for part in parts(name, cfg):
+            reports[part.name] = step_task(part.name, corpus.url, cfg)
 
-    if "discover" in names:
-        subflow("discover")
     partition_stages = [n for n in names if SPECS[n].scope == "partition"]
+    if "discover" in names:
+        steps("discover")
     if cfg.execution.pipelined and partition_stages:
         reports.update(run_partitions(partition_stages, corpus, cfg, retry_failed, pipelined=True))
     else:
         for name in partition_stages:
-            subflow(name)
+            stage_flow = STAGE_FLOWS[name].with_options(task_runner=_same_cluster())
+            reports.update(stage_flow(cfg, root=corpus.url, retry_failed=retry_failed))
     for name in (n for n in names if n not in ("discover", *partition_stages)):
-        subflow(name)
+        steps(name)
     summary = summarize(corpus)
     summary["stages"] = reports
     return summary
@@ -297,7 +306,7 @@ def run_build(
     on the chosen Dask task runner; returns the corpus summary with the stages' reports."""
     cfg = resolve_config(config)
     chosen = cfg.corpus_root(root)
-    # Before the server, the cluster or any download: what the stages need is there.
+    # Before the cluster or any download: what the stages need is there.
     check_stages(cfg, [p for name in ([stage] if stage else stages_until(until)) for p in parts(name, cfg)])
     with root_lock(chosen, **_lock_owner()), build_services(cfg, chosen, dask_address) as address:
         runner = DaskTaskRunner(address=address)

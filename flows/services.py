@@ -9,9 +9,13 @@ own; the workers import the flows while the server comes up.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
-import threading
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
@@ -29,14 +33,54 @@ PRELOAD = ["flows.build"]
 SERVER_STARTUP_S = 120
 
 
-def start_server(port: int | None = None):
-    """Prefect's temporary local server (a subprocess), started and healthy."""
-    from prefect.server.api.server import SubprocessASGIServer
+class TemporaryServer:
+    """Prefect's temporary local server, run the way Prefect runs it (uvicorn on the server's
+    app factory, ephemeral mode, no UI) but started without importing the server into this
+    process: that import alone took about 3 s of a small build's start, on the same core as
+    the build's own imports. ``wait()`` returns once it answers its health check."""
 
-    # The server would otherwise try to reach Prefect's telemetry endpoint on every start.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    server = SubprocessASGIServer(port=port)
-    server.start(timeout=SERVER_STARTUP_S)
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or _free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        package = importlib.util.find_spec("prefect").submodule_search_locations[0]
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+               "PREFECT__SERVER_FINAL": "1",
+               # The server would otherwise try to reach Prefect's telemetry endpoint.
+               "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED", "false")}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", os.path.dirname(package), "--factory",
+             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+             "--log-level", "error", "--lifespan", "on"], env=env)
+
+    def wait(self, timeout_s: float = SERVER_STARTUP_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Prefect's temporary server exited with code {self.process.returncode}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"Prefect's temporary server did not answer within {timeout_s:.0f} s")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_server(port: int | None = None) -> TemporaryServer:
+    """Prefect's temporary local server, up and healthy."""
+    server = TemporaryServer(port)
+    server.wait()
     return server
 
 
@@ -46,42 +90,33 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+# The wait of a server started by an enclosing block (the CLI starts it before it imports the
+# flows, so the two overlap); builds inside that block use it.
+_starting: list[Callable[[], None]] = []
+
+
 @contextmanager
-def _server() -> Iterator[Callable[[], None]]:
-    """Prefect's temporary server when no API is configured, starting in a thread; yields a
-    function that waits until it is up (call it before the first API call)."""
+def prefect_server() -> Iterator[Callable[[], None]]:
+    """Prefect's temporary server when no API is configured, starting; yields a function that
+    waits until it is up (call it before the first API call)."""
+    if _starting:
+        yield _starting[-1]
+        return
     if PREFECT_API_URL.value():
         yield lambda: None
         return
-    port = _free_port()
-    servers: list = []
-    failed: list[BaseException] = []
-
-    def start() -> None:
-        try:
-            servers.append(start_server(port))
-        except BaseException as exc:  # noqa: BLE001 - raised by wait(), in the caller's thread
-            failed.append(exc)
-
-    def wait() -> None:
-        thread.join()
-        if failed:
-            raise failed[0]
-
-    api_url = f"http://127.0.0.1:{port}/api"
-    os.environ["PREFECT_API_URL"] = api_url
-    thread = threading.Thread(target=start, name="prefect-server", daemon=True)
-    thread.start()
+    server = TemporaryServer()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    _starting.append(server.wait)
     try:
-        with temporary_settings({PREFECT_API_URL: api_url}):
-            yield wait
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            yield server.wait
     finally:
-        thread.join()
+        _starting.pop()
         # Send the run's last logs while the server is still there to take them.
         APILogWorker.drain_all()
         os.environ.pop("PREFECT_API_URL", None)
-        for server in servers:
-            server.stop()
+        server.stop()
 
 
 def cluster_address(cfg: Config, dask_address: str | None = None) -> str | None:
@@ -94,7 +129,7 @@ def cluster_address(cfg: Config, dask_address: str | None = None) -> str | None:
 def build_services(cfg: Config, root: str, dask_address: str | None = None) -> Iterator[str]:
     """A Prefect API and a Dask cluster for a build; yields the scheduler's address."""
     with ExitStack() as stack:
-        server_up = stack.enter_context(_server())
+        server_up = stack.enter_context(prefect_server())
         address = cluster_address(cfg, dask_address)
         if address is None:
             from distributed import LocalCluster

@@ -100,11 +100,16 @@ def build(
     except (ConfigError, ValueError) as exc:
         _error(exc)
         raise typer.Exit(2) from None
-    from flows.build import run_build  # Prefect is imported only when a build runs
+    # Prefect is imported only when a build runs; its temporary server starts while the flows
+    # are imported.
+    from flows.services import prefect_server
 
     try:
-        summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
-                            retry_failed=retry_failed, stage=stage)
+        with prefect_server():
+            from flows.build import run_build
+
+            summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
+                                retry_failed=retry_failed, stage=stage)
     except (SetupError, LayoutError) as exc:
         _error(exc)
         raise typer.Exit(2) from None
