@@ -57,7 +57,10 @@ def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
     with limits.using(PREFECT):
         for part in parts(stage_name, cfg):
             size = part.batch_size or cfg.execution.batch_size
-            reports[part.name] = asdict(run_partition(part, ctx, partition, size, retry_failed))
+            report = run_partition(part, ctx, partition, size, retry_failed)
+            if report.total:
+                get_run_logger().info(report.plan_line(part.name, partition))
+            reports[part.name] = asdict(report)
     released = 0
     if stage_name == "shard" and not cfg.storage.keep_media:
         released = retention.release(ctx, partition)

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
+from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -84,6 +85,13 @@ def start_server(port: int | None = None) -> TemporaryServer:
     return server
 
 
+def drain() -> None:
+    """Send this process's queued logs and events while the server is there to take them: once
+    it is gone, Prefect's exit handler retries them without end and the process never exits."""
+    APILogWorker.drain_all()
+    EventsWorker.drain_all()
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -106,17 +114,34 @@ def prefect_server() -> Iterator[Callable[[], None]]:
         yield lambda: None
         return
     server = TemporaryServer()
-    os.environ["PREFECT_API_URL"] = server.api_url
     _starting.append(server.wait)
     try:
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
+        with use_api(server.api_url):
             yield server.wait
     finally:
         _starting.pop()
-        # Send the run's last logs while the server is still there to take them.
-        APILogWorker.drain_all()
-        os.environ.pop("PREFECT_API_URL", None)
+        drain()
         server.stop()
+
+
+@contextmanager
+def use_api(api_url: str) -> Iterator[None]:
+    """This process and the processes it starts talk to ``api_url``. Prefect read its settings
+    at import and keeps them per thread context: set them for this context and for the
+    process-wide default, which threads started later (a download pool) fall back to."""
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+
+    before = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = api_url
+    try:
+        with temporary_settings({PREFECT_API_URL: api_url}), \
+                _temporary_global_settings_context(get_settings_context()):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = before
 
 
 def cluster_address(cfg: Config, dask_address: str | None = None) -> str | None:

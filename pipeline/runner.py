@@ -223,6 +223,11 @@ class StageReport(BatchReport):
     todo: int = 0
     figures: dict[str, Any] = field(default_factory=dict)  # from the stage's finish
 
+    def plan_line(self, stage: str, partition: str) -> str:
+        """What planning found, as the build logs it."""
+        return (f"{stage} p{partition}: {self.total} items, {self.skipped_done} done before, "
+                f"{self.skipped_failed} failed before, {self.todo} to do")
+
     def merge(self, other: StageReport) -> None:
         """Another partition's report of the same stage."""
         self.add(other)
@@ -433,8 +438,7 @@ def run_partition(stage: Stage, ctx: StageContext, partition: str, batch_size: i
     plan = plan_partition(stage, ctx, partition, retry_failed)
     report = plan.report
     if plan.keys:
-        log.info("%s p%s: %d items, %d done before, %d failed before, %d to do", stage.name,
-                 partition, report.total, report.skipped_done, report.skipped_failed, report.todo)
+        log.info(report.plan_line(stage.name, partition))
     with StepProgress(f"{stage.name} p{partition}", report.todo) as bar:
         for batch in plan.batches(batch_size):
             if report.stopped:

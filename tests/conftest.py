@@ -103,21 +103,18 @@ def demo_corpus(tmp_path_factory):
 
 @pytest.fixture
 def prefect_server(monkeypatch, tmp_path):
-    """A Prefect server of the test's own (database under tmp_path), that the test process
-    and any process it starts share through PREFECT_API_URL, as in production. This process
-    read its Prefect settings when it imported Prefect: they are set here too."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from flows.services import start_server
+    """A Prefect server of the test's own (database under tmp_path), that the test process, its
+    threads and any process it starts share through PREFECT_API_URL, as in production."""
+    from flows.services import drain, start_server, use_api
 
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     server = start_server()
-    monkeypatch.setenv("PREFECT_API_URL", server.api_url)
     try:
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
+        with use_api(server.api_url):
             yield server.api_url
     finally:
+        drain()
         server.stop()
 
 
