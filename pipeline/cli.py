@@ -308,6 +308,16 @@ def _on_target(target: str, root: str | None, run: Callable[[Corpus, Config], di
         raise typer.Exit(2) from None
 
 
+def _require_training() -> None:
+    from pipeline.setup import require_package
+
+    try:
+        require_package("torch", "training", extra="train")
+    except SetupError as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
+
+
 Root = Annotated[str | None, typer.Option(help="Corpus root (default: the config's).")]
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
 Pairs = Annotated[str | None, typer.Option(help="An external pairs file (parquet) instead of "
@@ -332,6 +342,7 @@ def train(
     eval_on: EvalOn = "test",
 ) -> None:
     """Train the config's retrieval model on a corpus's features; prints metrics.json."""
+    _require_training()
     from pipeline.train.run import train_corpus
 
     metrics = _on_target(target, root, lambda corpus, cfg: train_corpus(
@@ -351,6 +362,7 @@ def evaluate(
     eval_on: EvalOn = "test",
 ) -> None:
     """Evaluate a trained retrieval model on the test split; prints its metrics."""
+    _require_training()
     from pipeline.train.run import evaluate_corpus
 
     metrics = _on_target(target, root, lambda corpus, cfg: evaluate_corpus(

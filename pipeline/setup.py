@@ -10,10 +10,11 @@ from collections.abc import Iterable
 
 from pipeline.errors import SetupError
 
-# Package -> the extra that brings it (pyproject.toml's optional dependencies).
+# Package -> the extra that brings it (pyproject.toml's optional dependencies); torch comes
+# with both [features] and [train], and a caller that needs it for training says so.
 EXTRAS = {
     "torch": "features", "torchvision": "features", "transformers": "features",
-    "faster_whisper": "asr", "google.cloud.speech": "gcp",
+    "faster_whisper": "asr", "google.cloud.speech": "gcp", "webdataset": "train",
 }
 
 
@@ -24,12 +25,12 @@ def require_binaries(*names: str) -> None:
                          f"(or your system's package)")
 
 
-def require_package(module: str, what: str) -> None:
+def require_package(module: str, what: str, extra: str | None = None) -> None:
     """``module`` importable, else a SetupError naming the pip command of its extra."""
     try:
         importlib.import_module(module)
     except ImportError:
-        extra = EXTRAS.get(module)
+        extra = extra or EXTRAS.get(module)
         how = f"pip install 'vlcorpus[{extra}]'" if extra else f"pip install {module}"
         raise SetupError(f"{what} needs the {module} package: {how}") from None
 

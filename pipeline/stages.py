@@ -48,7 +48,7 @@ BUILT: dict[str, Callable[[Config], list[Stage | Step]]] = {
 
 
 def _train_check(cfg: Config) -> None:
-    require_package("torch", "training")
+    require_package("torch", "training", extra="train")
 
 
 def parts(name: str, cfg: Config) -> list[Stage | Step]:

@@ -19,6 +19,7 @@ from pipeline.config import AsrConfig
 from pipeline.errors import SetupError
 from pipeline.media import extract_audio
 from pipeline.segment import Word
+from pipeline.setup import require_package
 
 SAMPLE_RATE = 16000  # every backend gets mono 16-bit PCM at this rate
 
@@ -40,22 +41,14 @@ def get_backend(cfg: AsrConfig) -> AsrBackend:
     """The backend `cfg.backend` names, ready to use (its model or client is set up here, so a
     missing model fails before any item is processed)."""
     if cfg.backend == "faster-whisper":
-        try:
-            from pipeline.asr.whisper import WhisperBackend
-        except ImportError as exc:
-            raise AsrSetupError(
-                f"the faster-whisper backend needs the faster-whisper package ({exc}); "
-                "pip install faster-whisper"
-            ) from None
+        require_package("faster_whisper", "the faster-whisper ASR backend")
+        from pipeline.asr.whisper import WhisperBackend
+
         return WhisperBackend(cfg)
     if cfg.backend == "google":
-        try:
-            from pipeline.asr.google import GoogleBackend
-        except ImportError as exc:
-            raise AsrSetupError(
-                f"the google backend needs the google-cloud-speech package ({exc}); "
-                "pip install 'vlcorpus[gcp]'"
-            ) from None
+        require_package("google.cloud.speech", "the google ASR backend")
+        from pipeline.asr.google import GoogleBackend
+
         return GoogleBackend(cfg)
     raise AsrSetupError(f"unknown ASR backend {cfg.backend!r}; known: faster-whisper, google")
 

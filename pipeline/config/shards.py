@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+
 class ClipMediaConfig(BaseModel):
     """How clip media is cut into WebDataset samples."""
 
