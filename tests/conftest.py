@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +19,9 @@ ROOT = TESTS.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
 # Test helpers (stagekit, flakyserver, speech) import from here in every test folder.
 sys.path.insert(0, str(TESTS))
+# The builds a test session starts keep their Prefect database (limits, leases, variables)
+# apart from the user's ~/.prefect and from other sessions; set before Prefect is imported.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vlcorpus-tests-prefect-"))
 
 
 @pytest.fixture
