@@ -1,8 +1,10 @@
-"""Subtitle files (WebVTT, SRT) into timed cues.
+"""Subtitle files (WebVTT, SRT) into timed cues, read with webvtt-py.
 
-Real files break parsers in many small ways (BOMs, CR-only line ends, hour-less or one-digit
-timestamps, cues without a blank line between them, blank lines inside cues, non-standard
-header blocks), so the text is first rewritten into a canonical file that webvtt-py reads.
+A well-formed file is read by webvtt-py as it is. Real files break it in many small ways: BOMs
+and line ends (dealt with while decoding), hour-less or one-digit timestamps, cues without a
+blank line between them, blank lines inside cues, non-standard header blocks, arrows in cue
+text. webvtt-py refuses some of those files and silently misreads others, so they are first
+repaired: rewritten into a file it reads as intended (_repaired).
 """
 
 from __future__ import annotations
@@ -91,16 +93,15 @@ def read_cues(source: str | Path | bytes, fmt: Format | None = None) -> list[Cue
     if not text.strip():
         raise BadInputError("subtitle file is empty")
     fmt = fmt or _detect_format(text)
-    canonical, count = _canonical(text, fmt)
-    if not count:
-        return []
-    try:
-        if fmt == "vtt":
-            captions = webvtt.from_string(canonical).captions
-        else:
-            captions = webvtt.from_buffer(io.StringIO(canonical), format="srt").captions
-    except (MalformedFileError, MalformedCaptionError) as exc:
-        raise BadInputError(f"unreadable {fmt} subtitles: {exc}") from None
+    captions = _as_is(text, fmt)
+    if captions is None:  # not well-formed: repaired, then read
+        repaired, count = _repaired(text, fmt)
+        if not count:
+            return []
+        try:
+            captions = _webvtt(repaired, fmt, strict=False)
+        except (MalformedFileError, MalformedCaptionError) as exc:
+            raise BadInputError(f"unreadable {fmt} subtitles: {exc}") from None
     cues = []
     for caption in captions:
         start = caption.start_time.in_milliseconds() / 1000
@@ -111,6 +112,58 @@ def read_cues(source: str | Path | bytes, fmt: Format | None = None) -> list[Cue
             continue
         cues.append(Cue(start, end, caption.raw_text))
     return cues
+
+
+def _as_is(text: str, fmt: Format) -> list[webvtt.Caption] | None:
+    """Captions of a well-formed file, read by webvtt-py as it is; None when webvtt-py refuses
+    the file, or would read it otherwise than its repair does (see _repaired)."""
+    blocks = re.split(r"\n{2,}", text.rstrip("\n"))
+    if fmt == "srt":
+        well_formed = all(_SRT_CUE.fullmatch(block) for block in blocks)
+    else:
+        well_formed = _vtt_blocks_are_cues(blocks)
+    if not well_formed:
+        return None
+    try:
+        captions = _webvtt(text, fmt, strict=True)
+    except (MalformedFileError, MalformedCaptionError):
+        return None
+    # Each arrow must be the timing line of a cue webvtt-py read, and one _repaired reads as a
+    # timing too: webvtt-py skips a cue whose timing it cannot read, or takes it as a NOTE's.
+    if fmt == "vtt" and not text.count("-->") == len(captions) == len(_TIMING.findall(text)):
+        return None
+    return captions
+
+
+# SRT by the book: index, timing (hh:mm:ss,mmm), lines of text, blank lines between cues.
+# webvtt-py's SRT reader has no strict mode and reads other SRT otherwise than _repaired: an
+# hour-less timing starts no cue, "07,5" is 5 ms, a timing after no blank line stays text.
+_SRT_TIME = r"[0-9]{2}:[0-5][0-9]:[0-5][0-9],[0-9]{3}"
+_SRT_CUE = re.compile(rf"[0-9]+\n{_SRT_TIME} --> {_SRT_TIME}(?:\n(?![^\n]*-->)[^\n]*\S[^\n]*)*")
+
+
+def _vtt_blocks_are_cues(blocks: list[str]) -> bool:
+    """Whether every block (lines up to a blank line) after the first cue is a cue or a NOTE,
+    STYLE or REGION block. webvtt-py drops any other block, where _repaired keeps it as text of
+    the cue before (a blank line inside a cue), or an identifier line with inline timestamps."""
+    seen_cue = "-->" in blocks[0]
+    for block in blocks[1:]:
+        lines = block.split("\n", 2)
+        if "-->" in lines[0]:
+            seen_cue = True
+        elif len(lines) > 1 and "-->" in lines[1]:
+            if INLINE_TIMESTAMP.search(lines[0]):
+                return False
+            seen_cue = True
+        elif seen_cue and not _NON_CUE_BLOCK.match(lines[0]):
+            return False
+    return True
+
+
+def _webvtt(text: str, fmt: Format, strict: bool) -> list[webvtt.Caption]:
+    if fmt == "vtt":
+        return webvtt.from_string(text, strict=strict).captions
+    return webvtt.from_buffer(io.StringIO(text), format="srt").captions  # (no strict mode)
 
 
 def _source_text(source: str | Path | bytes) -> str:
@@ -161,8 +214,9 @@ def _format_ms(ms: int, separator: str) -> str:
     return f"{hours:02d}:{minutes:02d}:{seconds:02d}{separator}{millis:03d}"
 
 
-def _canonical(text: str, fmt: Format) -> tuple[str, int]:
-    """``text`` rewritten as a file webvtt-py reads as intended, and its number of cues.
+def _repaired(text: str, fmt: Format) -> tuple[str, int]:
+    """``text`` rewritten as a file webvtt-py reads as intended, and its number of cues: the
+    repair of a file _as_is does not take.
 
     Only cue timings and cue text survive: headers ("Kind:", "Style:", "##", X-TIMESTAMP-MAP),
     NOTE/STYLE/REGION blocks and cue identifiers are left out, timestamps are written in full
