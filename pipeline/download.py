@@ -37,7 +37,7 @@ from yt_dlp.utils import download_range_func
 from pipeline import limits
 from pipeline.breaker import Gate, Policy, Ticket
 from pipeline.config import Config, DownloadConfig
-from pipeline.discover import scheme_problem
+from pipeline.discover.filters import scheme_problem
 from pipeline.errors import (
     BadInputError,
     BlockedError,

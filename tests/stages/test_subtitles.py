@@ -21,6 +21,7 @@ from conftest import ROOT, TESTS
 from pipeline.config import SentenceConfig
 from pipeline.errors import BadInputError
 from pipeline.segment import Word
+from pipeline.subtitles import parse
 from pipeline.subtitles import (
     Cue,
     cue_words,
@@ -368,6 +369,59 @@ def test_short_sentences_are_extended_or_merged_never_overlapping() -> None:
     sentences, _ = subtitle_sentences(text, CFG)
     assert [s.text for s in sentences] == ["Hi. How are you today?", "Bye."]
     assert sentences[-1].end_s - sentences[-1].start_s > 0.3
+
+
+# ------------------------------------------------- read as it is, or repaired first
+
+
+def _spy_on_repair(monkeypatch) -> list[str]:
+    """The formats of the files rewritten by the repair (parse._repaired) from now on."""
+    calls: list[str] = []
+    real = parse._repaired
+    monkeypatch.setattr(parse, "_repaired", lambda text, fmt: calls.append(fmt) or real(text, fmt))
+    return calls
+
+
+@pytest.mark.parametrize("name", [A04, B03, B04, C02, C03, C04, C05, C06, C08])
+def test_a_well_formed_file_is_read_by_webvtt_py_as_it_is(name: str, monkeypatch) -> None:
+    calls = _spy_on_repair(monkeypatch)
+    assert read_cues(path(name))
+    assert calls == []
+
+
+def test_a_well_formed_srt_is_read_as_it_is(monkeypatch) -> None:
+    calls = _spy_on_repair(monkeypatch)
+    srt = ("1\n00:00:01,000 --> 00:00:02,500\nhello\nthere\n\n"
+           "2\n00:00:03,000 --> 00:00:04,000\n<i>you</i>\n")
+    assert read_cues(srt) == [Cue(1.0, 2.5, "hello\nthere"), Cue(3.0, 4.0, "<i>you</i>")]
+    assert calls == []
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # Text after a blank line inside a cue (a " " line stripped): webvtt-py would drop it.
+    ("WEBVTT\n\n00:00:01.000 --> 00:00:02.000\nfirst\n\nsecond\n",
+     [Cue(1.0, 2.0, "first\n \nsecond")]),
+    # One-digit fields and fraction (MS Teams): webvtt-py's strict mode refuses them.
+    ("WEBVTT\n\n0:0:1.5 --> 0:0:2.0\nhi\n", [Cue(1.5, 2.0, "hi")]),
+    # A timing with no blank line before it still starts a cue.
+    ("WEBVTT\n\n00:01.000 --> 00:02.000\na\n00:03.000 --> 00:04.000\nb\n",
+     [Cue(1.0, 2.0, "a"), Cue(3.0, 4.0, "b")]),
+    # SRT: webvtt-py reads "07,5" as 7.005 s and skips the hour-less cue.
+    ("1\n00:00:07,5 --> 00:00:09,000\nhi\n\n2\n00:10,000 --> 00:11,000\nthere\n",
+     [Cue(7.5, 9.0, "hi"), Cue(10.0, 11.0, "there")]),
+])
+def test_a_malformed_but_repairable_file_is_repaired_then_read(
+        text: str, expected: list[Cue], monkeypatch) -> None:
+    calls = _spy_on_repair(monkeypatch)
+    assert read_cues(text) == expected
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("name", [A05, A06, C01, C07])
+def test_real_files_webvtt_py_refuses_or_misreads_are_repaired(name: str, monkeypatch) -> None:
+    calls = _spy_on_repair(monkeypatch)
+    assert read_cues(path(name))
+    assert len(calls) == 1
 
 
 # ------------------------------------------------- bad input and encodings

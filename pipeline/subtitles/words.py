@@ -1,9 +1,4 @@
-"""Subtitle files (WebVTT, SRT) into clean timed words and sentences.
-
-Real files break parsers in many small ways (BOMs, CR-only line ends, hour-less or one-digit
-timestamps, cues without a blank line between them, blank lines inside cues, non-standard
-header blocks), so the text is first rewritten into a canonical file that webvtt-py reads.
-Two layouts follow:
+"""Cues into timed words and sentences, in one of two layouts.
 
 - rolling: YouTube auto captions, where every cue repeats the line(s) shown before it and the
   new line carries inline word timestamps (``word<00:00:01.360><c> word</c>``), or the same
@@ -16,26 +11,18 @@ Two layouts follow:
 from __future__ import annotations
 
 import html
-import io
 import itertools
-import logging
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-import webvtt
-from webvtt.errors import MalformedCaptionError, MalformedFileError
-
 from pipeline.config import SentenceConfig
-from pipeline.errors import BadInputError
 from pipeline.segment import Sentence, Word, split_sentences
+from pipeline.subtitles.parse import INLINE_TIMESTAMP, Cue, Format, read_cues, timestamp_ms
 
-log = logging.getLogger(__name__)
-
-Format = Literal["vtt", "srt"]
 Layout = Literal["rolling", "cues"]
 
 # A word lasts at most this long: a longer gap before the next word (or a cue that stays on
@@ -46,20 +33,8 @@ _WORD_S = 0.3
 # Every sentence lasts more than this; a shorter one is extended to _EXTEND_TO_S.
 _MIN_SENTENCE_S = 0.3
 _EXTEND_TO_S = 0.35
-
-# Timestamps as real files write them: hours optional, fields of one digit (MS Teams), a comma
-# (SRT) or no fraction at all.
-_TS = r"(?:\d+:)?\d{1,2}:\d{1,2}(?:[.,]\d+)?"
-_TS_PARTS = re.compile(r"(?:(\d+):)?(\d{1,2}):(\d{1,2})(?:[.,](\d+))?")
-_TIMING = re.compile(rf"^[ \t]*({_TS})[ \t]*-->[ \t]*({_TS})(?=\s|$)", re.MULTILINE)
-# A line that means to be a timing (digits before the arrow), readable or not; any other line
-# with an arrow inside a cue is text (e.g. an HTML comment, "<!-- ... -->").
-_TIMING_LIKE = re.compile(r"^[ \t]*[\d:.,]+[ \t]*-->")
-_INLINE_TS = re.compile(r"<((?:\d+:)?\d{1,2}:\d{1,2}\.\d+)>")
 # YouTube's auto captions time each word as <timestamp><c> word</c>.
 _YOUTUBE_WORD = re.compile(r"<(?:\d+:)?\d{1,2}:\d{1,2}\.\d+><c>")
-# Blocks that hold no cue text, wherever they are.
-_NON_CUE_BLOCK = re.compile(r"^(?:NOTE|STYLE|REGION)(?:[ \t]|$)")
 
 # Elements whose content is never shown: scripts, styles, comments (HTML pasted into captions).
 _HIDDEN = re.compile(r"<(script|style)\b[^>]*>.*?(?:</\1\s*>|\Z)|<!--.*?(?:--(?:>|&gt;)|\Z)",
@@ -87,196 +62,6 @@ _SPEAKER_NAME = re.compile(r"^\s*([^\W\d_][\w.'’-]*(?: [\w.'’-]+){0,2}):(?=\
 _CLOSING_PUNCT = re.compile(r"^[?!.,;:…»)\]\"”’]+$")
 # A token of only dashes or rules is filler ("---"), not a word.
 _FILLER = re.compile(r"^[-‐–—_=~*#]+$")
-
-
-# Larger files are refused: parsing takes about 1 s and 50 MB of memory per MB of captions,
-# and real ones stay far below (ten hours of YouTube auto captions are a few MB).
-MAX_SUBTITLE_BYTES = 16 * 1024 * 1024
-
-
-def check_size(n_bytes: int) -> None:
-    """BadInputError for a subtitle file over MAX_SUBTITLE_BYTES."""
-    if n_bytes > MAX_SUBTITLE_BYTES:
-        raise BadInputError(f"subtitle file is {n_bytes / 2**20:.1f} MB, over the "
-                            f"{MAX_SUBTITLE_BYTES / 2**20:.0f} MB limit")
-
-
-@dataclass(frozen=True)
-class Cue:
-    start_s: float
-    end_s: float
-    text: str  # the raw payload: lines joined by "\n", tags kept
-
-
-# ---------------------------------------------------------------- reading
-
-
-def decode_subtitle_bytes(data: bytes) -> str:
-    """Text of a subtitle file: by its BOM, else UTF-8, else cp1252 (latin-1 as a last resort),
-    with LF line ends and no NULs."""
-    boms = (
-        (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\x00\x00\xfe\xff", "utf-32-be"),
-        (b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"),
-    )
-    for bom, encoding in boms:  # UTF-32 LE first: its BOM starts with UTF-16 LE's
-        if data.startswith(bom):
-            # A BOM settles the encoding; a stray bad byte should not cost the whole file.
-            return _clean_text_file(data[len(bom):].decode(encoding, errors="replace"))
-    for encoding in ("utf-8", "cp1252"):
-        try:
-            return _clean_text_file(data.decode(encoding))
-        except UnicodeDecodeError:
-            continue
-    return _clean_text_file(data.decode("latin-1"))  # every byte is a latin-1 character
-
-
-def _clean_text_file(text: str) -> str:
-    # NULs are what is left of UTF-16 without a BOM read as 8-bit text.
-    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
-    return text.removeprefix("\ufeff")
-
-
-def read_cues(source: str | Path | bytes, fmt: Format | None = None) -> list[Cue]:
-    """Cues of a WebVTT or SRT file, in file order. ``source`` is a path, the file's bytes, or
-    its text (a one-line string naming an existing file is read as a path). ``fmt`` None:
-    detected. Raises BadInputError when the text is not subtitles or no cue can be read."""
-    text = _source_text(source)
-    if not text.strip():
-        raise BadInputError("subtitle file is empty")
-    fmt = fmt or _detect_format(text)
-    canonical, count = _canonical(text, fmt)
-    if not count:
-        return []
-    try:
-        if fmt == "vtt":
-            captions = webvtt.from_string(canonical).captions
-        else:
-            captions = webvtt.from_buffer(io.StringIO(canonical), format="srt").captions
-    except (MalformedFileError, MalformedCaptionError) as exc:
-        raise BadInputError(f"unreadable {fmt} subtitles: {exc}") from None
-    cues = []
-    for caption in captions:
-        start = caption.start_time.in_milliseconds() / 1000
-        end = caption.end_time.in_milliseconds() / 1000
-        if end < start:
-            log.warning("dropped a cue that ends before it starts: %s --> %s",
-                        caption.start, caption.end)
-            continue
-        cues.append(Cue(start, end, caption.raw_text))
-    return cues
-
-
-def _source_text(source: str | Path | bytes) -> str:
-    if isinstance(source, bytes):
-        check_size(len(source))
-        return decode_subtitle_bytes(source)
-    if isinstance(source, Path) or _names_file(source):
-        check_size(Path(source).stat().st_size)
-        return decode_subtitle_bytes(Path(source).read_bytes())
-    check_size(len(source))
-    return _clean_text_file(source)
-
-
-def _names_file(text: str) -> bool:
-    try:
-        return "\n" not in text and "\r" not in text and Path(text).is_file()
-    except (OSError, ValueError):  # too long for a path, or a NUL in it: text, not a path
-        return False
-
-
-def _detect_format(text: str) -> Format:
-    if text.lstrip().startswith("WEBVTT"):
-        return "vtt"
-    timing = _TIMING.search(text)
-    if timing is None:
-        raise BadInputError("not a subtitle file: no WEBVTT header and no cue timings "
-                            f"(hh:mm:ss.mmm --> hh:mm:ss.mmm); it starts {text[:40]!r}")
-    before = text[:timing.start()].rstrip("\n").rsplit("\n", 1)[-1]
-    return "srt" if "," in timing.group(0) or before.strip().isdigit() else "vtt"
-
-
-def _milliseconds(timestamp: str) -> int | None:
-    """A timestamp in milliseconds; None when it is no valid time."""
-    parts = _TS_PARTS.fullmatch(timestamp)
-    if parts is None or int(parts[2]) > 59 or int(parts[3]) > 59:
-        return None
-    hours, minutes, seconds, fraction = parts.groups()
-    # A fraction is read like a decimal: ".5" is 500 ms, extra digits are dropped.
-    millis = int((fraction or "0")[:3].ljust(3, "0"))
-    return ((int(hours or 0) * 60 + int(minutes)) * 60 + int(seconds)) * 1000 + millis
-
-
-def _format_ms(ms: int, separator: str) -> str:
-    seconds, millis = divmod(ms, 1000)
-    minutes, seconds = divmod(seconds, 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours:02d}:{minutes:02d}:{seconds:02d}{separator}{millis:03d}"
-
-
-def _canonical(text: str, fmt: Format) -> tuple[str, int]:
-    """``text`` rewritten as a file webvtt-py reads as intended, and its number of cues.
-
-    Only cue timings and cue text survive: headers ("Kind:", "Style:", "##", X-TIMESTAMP-MAP),
-    NOTE/STYLE/REGION blocks and cue identifiers are left out, timestamps are written in full
-    (hh:mm:ss.mmm), and every cue is followed by one blank line. A timing line always starts a
-    new cue, even with no blank line before it. A line after a blank line that starts no cue
-    still belongs to the cue before: files saved with trailing whitespace stripped turn
-    YouTube's " " placeholder lines into blank lines, which would end the cue early and lose
-    the words after it; the blank comes back as " "."""
-    lines = text.split("\n")
-    cues: list[tuple[int, int, list[str]]] = []
-    bad: list[str] = []
-    payload: list[str] | None = None  # the current cue's lines; None before any cue
-    after_blank = False
-    in_other_block = False
-    for i, line in enumerate(lines):
-        if "-->" in line and (payload is None or _TIMING_LIKE.match(line)):
-            timing = _TIMING.match(line)
-            times = (_milliseconds(timing[1]), _milliseconds(timing[2])) if timing else None
-            if times is None or None in times:
-                bad.append(line.strip())
-                payload = None  # the block's text belongs to no cue
-                continue
-            payload = []
-            cues.append((times[0], times[1], payload))
-            after_blank = in_other_block = False
-            continue
-        # An arrow in cue text would read as a timing to webvtt-py; its entity reads back as it.
-        line = line.replace("-->", "--&gt;")
-        if not line:
-            after_blank = True
-            in_other_block = False
-            continue
-        if payload is None or in_other_block:
-            continue
-        starts_cue = i + 1 < len(lines) and "-->" in lines[i + 1]
-        if after_blank:
-            if starts_cue and not _INLINE_TS.search(line):
-                continue  # a cue identifier
-            if _NON_CUE_BLOCK.match(line):
-                in_other_block = True
-                continue
-            payload.append(" ")
-            after_blank = False
-        elif fmt == "srt" and starts_cue and line.strip().isdigit():
-            continue  # an SRT index with no blank line before it
-        payload.append(line)
-    if bad:
-        log.warning("skipped %d cue(s) with unreadable timings, first: %r", len(bad), bad[0])
-        if not cues:
-            raise BadInputError(f"no readable cue timings, e.g. {bad[0]!r}")
-    if fmt == "srt":
-        # webvtt-py's SRT reader ends a cue at a whitespace-only line and drops cues without text.
-        cues = [(start, end, kept) for start, end, body in cues
-                if (kept := [line for line in body if line.strip()])]
-    separator = "." if fmt == "vtt" else ","
-    blocks = [
-        ("" if fmt == "vtt" else f"{n}\n")
-        + f"{_format_ms(start, separator)} --> {_format_ms(end, separator)}\n"
-        + "".join(f"{line}\n" for line in body)
-        for n, (start, end, body) in enumerate(cues, start=1)
-    ]
-    return ("WEBVTT\n\n" if fmt == "vtt" else "") + "\n".join(blocks), len(blocks)
 
 
 # ---------------------------------------------------------------- text cleaning
@@ -386,7 +171,7 @@ def rolling_words(cues: Sequence[Cue], drop_sound_tags: bool = True) -> list[Wor
     shown: list[str] = []
     for cue in sorted(cues, key=lambda c: c.start_s):
         lines = [(raw, plain) for raw in cue.text.split("\n") if (plain := _plain(raw))]
-        untimed = next((i for i, (raw, _) in enumerate(lines) if _INLINE_TS.search(raw)),
+        untimed = next((i for i, (raw, _) in enumerate(lines) if INLINE_TIMESTAMP.search(raw)),
                        len(lines))
         carried = next((k for k in range(min(untimed, len(shown)), 0, -1)
                         if shown[-k:] == [plain for _, plain in lines[:k]]), 0)
@@ -403,10 +188,10 @@ def _new_line_words(raw_lines: Sequence[str], cue: Cue, previous_end: float,
     # Pieces of text, each with the time it starts at: the cue start, then inline timestamps.
     pieces: list[tuple[float, str]] = [(cue.start_s, "")]
     for raw in raw_lines:
-        parts = _INLINE_TS.split(raw)
+        parts = INLINE_TIMESTAMP.split(raw)
         pieces[-1] = (pieces[-1][0], f"{pieces[-1][1]} {parts[0]}")
         for stamp, text in zip(parts[1::2], parts[2::2]):
-            ms = _milliseconds(stamp)
+            ms = timestamp_ms(stamp)
             pieces.append((pieces[-1][0] if ms is None else ms / 1000, text))
     words: list[Word] = []
     for i, (start, text) in enumerate(pieces):

@@ -1,0 +1,229 @@
+"""The discover stage: config sources in, one ``videos`` row per candidate video out.
+
+Videos are deduplicated by video_id across sources (the first source in config order wins),
+filtered on what metadata is known, and appended: a scheduled rerun adds new videos and keeps
+the ones already found.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from pipeline import partitions
+from pipeline.config import Config
+from pipeline.discover.filters import drop_reason, scheme_problem
+from pipeline.discover.rows import BadRecord
+from pipeline.discover.sources import Query, list_query, queries
+from pipeline.errors import ErrorKind, classify
+from pipeline.ids import batch_name
+from pipeline.partitions import CORPUS, index_of as partition_index
+from pipeline.progress import log, track
+from pipeline.runner import RetryPolicy, StageContext, error_row, retrying
+from pipeline.storage import Corpus
+from schemas.tables import VIDEOS
+
+@dataclass
+class DiscoverReport:
+    """What one run of discover did: logged, and the step's result."""
+
+    queries: int = 0
+    failed_queries: int = 0
+    found: int = 0
+    duplicates: int = 0
+    refused: int = 0
+    dropped: dict[str, int] | None = None
+    known_before: int = 0
+    added: int = 0
+    partitions: int = 0
+    per_query: dict[str, int] | None = None
+
+
+# Rows found, in the order found, spilled to local scratch space before dedup: a list of a
+# million videos is never held as Python objects.
+_SPILL_ROWS = 50_000
+_ORDER, _PARTITION = "_order", "_partition"
+ERROR_CHUNK = 10_000
+
+
+class _Spill:
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.rows: list[dict[str, Any]] = []
+        self.files: list[str] = []
+        self.count = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row | {_ORDER: self.count})
+        self.count += 1
+        if len(self.rows) >= _SPILL_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            path = os.path.join(self.directory, f"{len(self.files):06d}.parquet")
+            pq.write_table(pa.Table.from_pylist(self.rows, schema=_SPILL_SCHEMA), path)
+            self.files.append(path)
+            self.rows = []
+
+    def distinct_videos(self) -> int:
+        if not self.files:
+            return 0
+        ids = ds.dataset(self.files).to_table(columns=["video_id"]).column("video_id")
+        return pc.count_distinct(ids).as_py()
+
+    def by_partition(self, partitions: int) -> ds.Dataset:
+        """The spilled rows with their partition, each file sorted by it (so that reading one
+        partition skips the rest of every file)."""
+        for path in self.files:
+            table = pq.read_table(path)
+            index = [partition_index(v, partitions) for v in table.column("video_id").to_pylist()]
+            table = table.append_column(_PARTITION, pa.array(index, pa.int32()))
+            pq.write_table(table.sort_by([(_PARTITION, "ascending"), (_ORDER, "ascending")]),
+                           path, row_group_size=2048)
+        return ds.dataset(self.files)
+
+
+_SPILL_SCHEMA = VIDEOS.remove_metadata().remove(VIDEOS.get_field_index("discovered_at")).append(
+    pa.field(_ORDER, pa.int64()))
+
+
+class _Errors:
+    """Error rows of discover, committed in chunks to the ``corpus`` partition under names
+    derived from their items, so a rerun that finds the same problems replaces them."""
+
+    def __init__(self, corpus: Corpus, now: datetime) -> None:
+        self.corpus, self.now = corpus, now
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, item: str, kind: ErrorKind, message: str, attempt: int = 1) -> None:
+        self.rows.append(error_row("discover", item, kind, message, attempt, self.now))
+        if len(self.rows) >= ERROR_CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            name = f"discover-{batch_name([r['item_id'] for r in self.rows])}"
+            self.corpus.write_batch("errors", self.rows, name, CORPUS)
+            self.rows = []
+
+
+def _rows(query: Query, cfg: Config, retry: RetryPolicy) -> tuple[Iterable | None, Exception | None, int]:
+    """A query's rows: searches and playlists listed now, with retries; lists and folders as
+    they are read."""
+    if query.kind in ("search", "playlist"):
+        result, exc, tries = retrying(lambda: list(list_query(query, cfg)), retry)
+        return result, exc, tries
+    return list_query(query, cfg), None, 1
+
+
+def discover(ctx: StageContext) -> DiscoverReport:
+    """Run every query, dedup, filter, and append the new videos, partition by partition, in
+    atomic batches. Fixes the corpus's partition count at its first build."""
+    cfg: Config = ctx.config
+    corpus = ctx.corpus
+    todo = queries(cfg)
+    log.info("discover: %d queries: %s", len(todo), "; ".join(q.key for q in todo[:50])
+             + (" ..." if len(todo) > 50 else ""))
+    report = DiscoverReport(queries=len(todo), dropped={}, per_query={})
+    now = datetime.now(UTC)
+    errors = _Errors(corpus, now)
+    with tempfile.TemporaryDirectory(prefix="vlcorpus-discover-") as scratch:
+        spill = _Spill(scratch)
+        with ThreadPoolExecutor(max_workers=cfg.download.concurrency) as pool:
+            listed = pool.map(lambda q: (q, *_rows(q, cfg, ctx.retry)), todo)
+            for query, rows, exc, tries in track(listed, "discover", total=len(todo)):
+                report.per_query[query.key] = 0
+                try:
+                    if exc is not None:
+                        raise exc
+                    for row in rows:
+                        _check(row, query, cfg, report, errors, spill)
+                except Exception as failure:  # noqa: BLE001 - the query's errors row
+                    kind, message = classify(failure)
+                    report.failed_queries += 1
+                    errors.add(query.key, kind, message, tries)
+        spill.flush()
+        _commit(corpus, cfg, spill, report, errors, now)
+    errors.flush()
+    log.info("discover: %d found, %d duplicates, %d refused, %d dropped %s, %d new in %d partitions",
+             report.found, report.duplicates, report.refused, sum(report.dropped.values()),
+             report.dropped, report.added, report.partitions)
+    return report
+
+
+def _check(row: dict | BadRecord, query: Query, cfg: Config, report: DiscoverReport,
+           errors: _Errors, spill: _Spill) -> None:
+    if isinstance(row, BadRecord):
+        report.refused += 1
+        errors.add(row.item_id, ErrorKind.BAD_INPUT, row.message)
+        return
+    report.per_query[query.key] += 1
+    report.found += 1
+    problem = scheme_problem(row["url"], cfg.download.allowed_schemes, row["source"])
+    if problem:
+        report.refused += 1
+        errors.add(row["url"], ErrorKind.BAD_INPUT, problem)
+        return
+    spill.add(row)
+
+
+def _commit(corpus: Corpus, cfg: Config, spill: _Spill, report: DiscoverReport,
+            errors: _Errors, now: datetime) -> None:
+    """Dedup (the first found wins), filter and write the new videos, partition by partition."""
+    found = spill.distinct_videos()
+    requested = cfg.execution.partitions or corpus.recorded_partitions()
+    if requested is None and not found:
+        report.dropped = {}
+        return  # nothing yet to size the partitions by
+    count = corpus.init_partitions(requested or partitions.choose(found))
+    report.partitions = count
+    spilled = spill.by_partition(count)
+    drops: Counter = Counter()
+    for index in range(count):
+        rows = spilled.to_table(filter=ds.field(_PARTITION) == index).sort_by(_ORDER)
+        if not rows.num_rows:
+            continue
+        label = partitions.label(index)
+        known = set(corpus.done_keys("videos", label).to_pylist())
+        new: dict[str, dict[str, Any]] = {}
+        first: dict[str, dict[str, Any]] = {}
+        for row in rows.drop_columns([_ORDER, _PARTITION]).to_pylist():
+            vid = row["video_id"]
+            if vid in first:
+                if row["source"] == "folder" and first[vid]["url"] != row["url"]:
+                    # Two files, not one video found twice: neither may vanish silently.
+                    report.refused += 1
+                    errors.add(row["url"], ErrorKind.BAD_INPUT,
+                               f"{row['url']} gets the same video id {vid!r} as "
+                               f"{first[vid]['url']}; rename one of them")
+                    continue
+                report.duplicates += 1
+                continue
+            reason = drop_reason(row, cfg.filters)
+            if reason:
+                drops[reason] += 1
+                continue
+            first[vid] = row
+            if vid in known:
+                report.known_before += 1
+            else:
+                new[vid] = row | {"discovered_at": now}
+        if new:
+            keys = sorted(new)
+            corpus.write_batch("videos", [new[k] for k in keys], f"discover-{batch_name(keys)}",
+                               label, done=keys)
+            corpus.compact("videos", label)
+            report.added += len(keys)
+    report.dropped = dict(drops)
