@@ -16,12 +16,12 @@ import torch.nn.functional as F
 
 from pipeline.device import pick_device
 from pipeline.train import losses
-from pipeline.train.data import (BatchOptions, GroupBatchSampler, PairSet, PairsError, collate, concat_candidates,
-                                 epoch_rng)
+from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, concat_candidates, epoch_rng
 from pipeline.train.evaluation import (EvalOn, encode_all, evaluate_model, evaluation_pairs, mean_recall,
                                        similarity_matrix, to_device)
 from pipeline.train.metrics import retrieval_metrics
 from pipeline.train.models import SMIT, RetrievalModel, build_model
+from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.schedule import LrSchedule, finetune_schedule, schedule_for
 
 log = logging.getLogger(__name__)

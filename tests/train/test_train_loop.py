@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline.config import TrainConfig
-from pipeline.train.data import PairSet, PairsError
+from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.loop import evaluate, latest_checkpoint, train
 from pipeline.train.schedule import LrSchedule, schedule_for
 
