@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from pipeline.config import TrainConfig
 from pipeline.device import pick_device
+from pipeline.storage import Corpus
 from pipeline.train import losses
 from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, concat_candidates, epoch_rng
 from pipeline.train.evaluation import (EvalOn, encode_all, evaluate_model, evaluation_pairs, mean_recall,
@@ -180,9 +181,10 @@ def selected_checkpoint(path: str | Path) -> Path | None:
 
 
 def _save(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    # All or nothing: resume loads the newest epoch_*.pt, so a kill mid-save must not leave a
+    # truncated one (nor a temporary file beside it).
+    with Corpus(str(path.parent)).atomic_file(path.name) as handle:
+        torch.save(state, handle)
 
 
 @torch.no_grad()

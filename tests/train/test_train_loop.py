@@ -202,6 +202,29 @@ def test_resume_continues_at_next_epoch_with_same_result(tmp_path):
     assert again["t2v"] == pytest.approx(full["t2v"])
 
 
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    """A save that fails halfway (disk full, a kill) leaves the checkpoints as they were and no
+    temporary file; the next run resumes from the last complete epoch."""
+    train(PAIRS, cfg("nce", epochs=1), tmp_path, device="cpu")
+    ckpt_dir = tmp_path / "checkpoints"
+    before = (ckpt_dir / "epoch_0000.pt").read_bytes()
+    real_save = torch.save
+
+    def save_half(obj, f, *args, **kwargs):
+        f.write(before[: len(before) // 2])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", save_half)
+    with pytest.raises(OSError, match="No space left"):
+        train(PAIRS, cfg("nce", epochs=2), tmp_path, device="cpu")
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["epoch_0000.pt"]
+    assert (ckpt_dir / "epoch_0000.pt").read_bytes() == before
+    monkeypatch.setattr(torch, "save", real_save)
+    resumed = train(PAIRS, cfg("nce", epochs=2), tmp_path, device="cpu")
+    assert [p["epoch"] for p in resumed["curve"]] == [0, 1]
+    assert latest_checkpoint(tmp_path).name == "epoch_0001.pt"
+
+
 def test_evaluate_from_checkpoint(tmp_path):
     result = train(PAIRS, cfg("nce", epochs=2), tmp_path, device="cpu")
     again = evaluate(tmp_path, PAIRS, device="cpu")
