@@ -15,7 +15,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
-# Test helpers (stagekit, flakyserver, speech) import from here in every test folder.
+# Test helpers (stagekit, trainkit, flakyserver, speech) import from here in every test folder.
 sys.path.insert(0, str(TESTS))
 
 

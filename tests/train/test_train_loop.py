@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+import trainkit
 from pipeline.config import TrainConfig
-from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.loop import evaluate, latest_checkpoint, train
+from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.schedule import LrSchedule, schedule_for
 
 
@@ -262,21 +263,7 @@ def test_cli_eval_on_flag(tmp_path):
     from pipeline.storage import Corpus
 
     root = tmp_path / "root"
-    corpus = Corpus(str(root))
-    rng = np.random.default_rng(0)
-    clips, visual, text = [], [], []
-    for i in range(40):
-        cid = f"syn-v{i:02d}-0-3000"
-        clips.append({"clip_id": cid, "video_id": f"syn-v{i:02d}", "start_s": 0.0, "end_s": 3.0, "text": f"s{i}",
-                      "source": "manual", "policy": "fixed", "split": "train"})
-        visual.append({"clip_id": cid, "extractor": "resnet34", "weights": "none", "shape": [8],
-                       "values": rng.normal(size=8).astype("float16")})
-        text.append({"clip_id": cid, "extractor": "text:x", "weights": "none", "shape": [6],
-                     "values": rng.normal(size=6).astype("float16")})
-    corpus.init_partitions(2)
-    corpus.write_partitioned("clips", clips, "syn", done=[c["video_id"] for c in clips])
-    corpus.write_partitioned("features/resnet34", visual, "syn", done=[r["clip_id"] for r in visual])
-    corpus.write_partitioned("features/text_x", text, "syn", done=[r["clip_id"] for r in text])
+    trainkit.synthetic_features(Corpus(str(root)), n=40, test_every=0)
     config = tmp_path / "c.yaml"
     config.write_text(f"name: syn\nroot: {root}\nsources:\n  - type: urls\n    urls: [http://127.0.0.1/x]\n"
                       "features:\n  extractors:\n    - {name: resnet34, weights: none}\n    - {name: 'text:x'}\n"
