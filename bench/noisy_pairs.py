@@ -75,11 +75,12 @@ import numpy as np
 import torch
 
 from pipeline.config import TRAIN_DEFAULTS, TrainConfig
-from pipeline.train.data import GroupBatchSampler, PairSet
+from pipeline.train.batches import GroupBatchSampler
 from pipeline.train.evaluation import encode_all
 from pipeline.train.losses import MarginSchedule
 from pipeline.train.loop import latest_checkpoint, train
 from pipeline.train.models import build_model
+from pipeline.train.pairs import PairSet
 
 # label -> (family, options); every model shares embed_dim, batch size and epochs (see `config`)
 MODELS: dict[str, tuple[str, dict]] = {

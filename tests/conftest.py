@@ -17,7 +17,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
-# Test helpers (stagekit, flakyserver, speech) import from here in every test folder.
+# Test helpers (stagekit, trainkit, flakyserver, speech) import from here in every test folder.
 sys.path.insert(0, str(TESTS))
 # The builds a test session starts keep their Prefect database (limits, leases, variables)
 # apart from the user's ~/.prefect and from other sessions; set before Prefect is imported.

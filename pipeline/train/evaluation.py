@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.train import choice, metrics
-from pipeline.train.data import PairSet, PairsError, full_batches
+from pipeline.train.batches import full_batches
 from pipeline.train.models import Encoded, RetrievalModel
+from pipeline.train.pairs import PairSet, PairsError
 
 EvalOn = Literal["test", "all"]
 SUBSET_SIZE = 1000

@@ -14,14 +14,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.config import TrainConfig
 from pipeline.device import pick_device
+from pipeline.storage import Corpus
 from pipeline.train import losses
-from pipeline.train.data import (BatchOptions, GroupBatchSampler, PairSet, PairsError, collate, concat_candidates,
-                                 epoch_rng)
+from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, concat_candidates, epoch_rng
 from pipeline.train.evaluation import (EvalOn, encode_all, evaluate_model, evaluation_pairs, mean_recall,
                                        similarity_matrix, to_device)
 from pipeline.train.metrics import retrieval_metrics
-from pipeline.train.models import SMIT, RetrievalModel, build_model
+from pipeline.train.models import SMIT, Encoded, RetrievalModel, build_model
+from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.schedule import LrSchedule, finetune_schedule, schedule_for
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def batch_options(cfg: Any) -> BatchOptions:
+def batch_options(cfg: TrainConfig) -> BatchOptions:
     """How training batches are drawn: the papers' train-time sampling on features (WAL and
     AsyNCE: N_f = 5 frames; S-MiT: 10 words per caption; MIL-NCE: a random window of
     `options.window` frames; pixel augmentation needs pixels and is not done on features)."""
@@ -52,7 +54,7 @@ def batch_options(cfg: Any) -> BatchOptions:
     )
 
 
-def make_optimizer(model: torch.nn.Module, cfg: Any, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
     params = list(model.parameters())
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
@@ -62,13 +64,13 @@ def make_optimizer(model: torch.nn.Module, cfg: Any, lr: float) -> torch.optim.O
     return torch.optim.Adam(params, lr=lr, weight_decay=cfg.weight_decay)
 
 
-def discriminator_frozen(model: RetrievalModel, cfg: Any, epoch: int) -> bool:
+def discriminator_frozen(model: RetrievalModel, cfg: TrainConfig, epoch: int) -> bool:
     """WAL 5.3: for the first `freeze_epochs` (50) epochs the discriminator channel is fixed and
     its gradients stopped; the model then trains as WAL-att alone (no z, no L_ADV)."""
     return model.discriminator is not None and epoch < int(cfg.options.get("freeze_epochs", 50))
 
 
-def compute_loss(model: RetrievalModel, batch: dict[str, torch.Tensor], cfg: Any, step: int,
+def compute_loss(model: RetrievalModel, batch: dict[str, torch.Tensor], cfg: TrainConfig, step: int,
                  epoch: int) -> tuple[torch.Tensor, dict[str, float]]:
     """The family's loss on one batch and extra stats (WAL-att-adv: the z=0 count)."""
     fam, o = cfg.model, cfg.options
@@ -113,7 +115,8 @@ def compute_loss(model: RetrievalModel, batch: dict[str, torch.Tensor], cfg: Any
     raise ValueError(f"unknown model family {fam!r}")
 
 
-def _milnce_loss(model: RetrievalModel, batch: dict[str, torch.Tensor], video: torch.Tensor, cfg: Any) -> torch.Tensor:
+def _milnce_loss(model: RetrievalModel, batch: dict[str, torch.Tensor], video: torch.Tensor,
+                 cfg: TrainConfig) -> torch.Tensor:
     """MIL-NCE (eq. 1) or one of its baselines (4.3, appendix A) on a batch of candidate bags."""
     variant = cfg.options.get("variant", "mil")
     cand, words, mask = batch["cand"], batch["cand_words"], batch["cand_mask"]
@@ -132,7 +135,7 @@ def _milnce_loss(model: RetrievalModel, batch: dict[str, torch.Tensor], video: t
 
 
 @torch.no_grad()
-def validation_score(model: RetrievalModel, val: PairSet, cfg: Any, device: torch.device, step: int,
+def validation_score(model: RetrievalModel, val: PairSet, cfg: TrainConfig, device: torch.device, step: int,
                      epoch: int) -> float:
     """Higher is better: minus the training loss on the val split (batches and draws fixed
     across epochs), or the mean of R@1/5/10 over both directions."""
@@ -178,9 +181,10 @@ def selected_checkpoint(path: str | Path) -> Path | None:
 
 
 def _save(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    # All or nothing: resume loads the newest epoch_*.pt, so a kill mid-save must not leave a
+    # truncated one (nor a temporary file beside it).
+    with Corpus(str(path.parent)).atomic_file(path.name) as handle:
+        torch.save(state, handle)
 
 
 @torch.no_grad()
@@ -193,18 +197,18 @@ def _init_background(model: RetrievalModel, train: PairSet, device: torch.device
     model.discriminator.init_background(emb.cpu(), gen)
 
 
-def _mean_frames(video) -> torch.Tensor:
+def _mean_frames(video: Encoded) -> torch.Tensor:
     w = video.mask.to(video.emb.dtype)[..., None]
     return (video.emb * w).sum(1) / w.sum(1).clamp_min(1)
 
 
-def _phase_schedule(cfg: Any, epoch: int) -> LrSchedule:
+def _phase_schedule(cfg: TrainConfig, epoch: int) -> LrSchedule:
     return finetune_schedule(cfg) if epoch >= cfg.epochs else schedule_for(cfg)
 
 
-def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume: bool = True,
+def train(pairs: PairSet, cfg: TrainConfig, out_dir: Path, device: str = "auto", resume: bool = True,
           eval_on: EvalOn = "test") -> dict[str, Any]:
-    """Train `cfg.model` (a `TrainConfig`) on the train split, checkpoint every epoch into
+    """Train `cfg.model` on the train split, checkpoint every epoch into
     out_dir/checkpoints (resuming from the newest when `resume`), keep the best epoch on the
     val split when `cfg.select` asks (best.pt), run S-MiT's second phase when `cfg.finetune`,
     evaluate the selected model on the test split and write out_dir/metrics.json and
@@ -281,7 +285,7 @@ def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume:
             "model": model.state_dict(), "optimizer": opt.state_dict(),
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
             "epoch": epoch, "step": step, "curve": curve,
-            "config": cfg.model_dump(mode="json") if hasattr(cfg, "model_dump") else dict(cfg),
+            "config": cfg.model_dump(mode="json"),
             "visual_dim": pairs.visual_dim, "text_dim": pairs.text_dim,
         }
         if selecting:
@@ -337,8 +341,6 @@ def evaluate(checkpoint_dir: str | Path, pairs: PairSet, device: str = "auto",
     """Metrics of the checkpoint training selected under `checkpoint_dir` (a training dir or
     its checkpoints dir: best.pt when the run picked one on the val split, else the newest
     epoch; or one .pt file) on the test split of `pairs`."""
-    from pipeline.config import TrainConfig
-
     path = selected_checkpoint(checkpoint_dir)
     if path is None:
         raise FileNotFoundError(f"no checkpoint (epoch_*.pt) under {checkpoint_dir}")

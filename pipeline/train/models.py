@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.config import TrainConfig
 from pipeline.train import losses
 from pipeline.train.cmt import CrossModalTransformer
 from pipeline.train.heads import EmbedHead, GLUHead, LinearHead, MILTextHead, OrderHead, masked_mean, pool
@@ -189,8 +190,8 @@ class RetrievalModel(nn.Module):
         return losses.asynce_positive(scores, video.mask, o.get("frame", "soft"))
 
 
-def build_model(train_cfg: Any, visual_dim: int, text_dim: int) -> RetrievalModel:
-    """The model of `train_cfg.model` (a `TrainConfig`) for the given input dimensions;
+def build_model(train_cfg: TrainConfig, visual_dim: int, text_dim: int) -> RetrievalModel:
+    """The model of `train_cfg.model` for the given input dimensions;
     `train_cfg.options` carries family settings (attention, adversarial, adv_input, gumbel,
     n_background, hidden, text_hidden, variant, cmt, entity, frame, video_pool, text_pool, ...)."""
     return RetrievalModel(train_cfg.model, visual_dim, text_dim, train_cfg.embed_dim, train_cfg.options,

@@ -11,7 +11,7 @@ from pipeline.config import Config
 from pipeline.progress import log
 from pipeline.runner import StageContext
 from pipeline.storage import Corpus
-from pipeline.train.data import PairSet, PairsError
+from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.evaluation import EvalOn
 from pipeline.train.loop import evaluate, train
 

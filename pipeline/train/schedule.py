@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Any
-
 import torch
+
+from pipeline.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class LrSchedule:
         return lr
 
 
-def schedule_for(cfg: Any) -> LrSchedule:
+def schedule_for(cfg: TrainConfig) -> LrSchedule:
     """The first phase's schedule of a `TrainConfig`: lr_milestones, or every lr_step epochs."""
     if cfg.lr_milestones is not None:
         milestones = tuple(cfg.lr_milestones)
@@ -43,6 +43,6 @@ def schedule_for(cfg: Any) -> LrSchedule:
     return LrSchedule(cfg.lr, milestones, cfg.lr_gamma, cfg.warmup_steps)
 
 
-def finetune_schedule(cfg: Any) -> LrSchedule:
+def finetune_schedule(cfg: TrainConfig) -> LrSchedule:
     """S-MiT's second phase (appendix B): a fixed learning rate of its own."""
     return LrSchedule(cfg.finetune_lr or cfg.lr)

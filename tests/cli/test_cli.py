@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import stagekit
+import trainkit
 from conftest import require_binaries
 from pipeline.runner import RetryPolicy, StageContext, run_stage
 from pipeline.storage import Corpus
@@ -100,34 +101,9 @@ def test_stats_json_counts_tables_and_errors(tmp_path):
     assert summary["errors"] == {"download": {"bad_input": 1}}
 
 
-def _synthetic_features(corpus: Corpus, n: int = 120) -> None:
-    """Clips whose visual and text features share latent factors, so training can work."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    latent = rng.standard_normal((n, 16))
-    mix_v, mix_t = rng.standard_normal((16, 32)), rng.standard_normal((16, 24))
-    clips, visual, text = [], [], []
-    for i in range(n):
-        cid, vid = f"syn-v{i:03d}-0-3000", f"syn-v{i:03d}"
-        split = "test" if i % 4 == 0 else "train"
-        clips.append({"clip_id": cid, "video_id": vid, "start_s": 0.0, "end_s": 3.0,
-                      "text": f"s{i}", "source": "manual", "policy": "fixed", "split": split})
-        v = latent[i] @ mix_v + 0.1 * rng.standard_normal(32)
-        t = latent[i] @ mix_t + 0.1 * rng.standard_normal(24)
-        visual.append({"clip_id": cid, "extractor": "resnet34", "weights": "none",
-                       "shape": [2, 32], "values": np.stack([v, v]).reshape(-1).astype("float16")})
-        text.append({"clip_id": cid, "extractor": "text:x", "weights": "none", "shape": [24],
-                     "values": t.astype("float16")})
-    corpus.init_partitions(2)
-    corpus.write_partitioned("clips", clips, "syn", done=[c["video_id"] for c in clips])
-    corpus.write_partitioned("features/resnet34", visual, "syn", done=[r["clip_id"] for r in visual])
-    corpus.write_partitioned("features/text_x", text, "syn", done=[r["clip_id"] for r in text])
-
-
 def test_train_and_eval_commands(tmp_path):
     root = tmp_path / "root"
-    _synthetic_features(Corpus(str(root)))
+    trainkit.synthetic_features(Corpus(str(root)))
     config = tmp_path / "train.yaml"
     config.write_text(
         f"name: syn\nroot: {root}\nsources:\n  - type: urls\n    urls: [http://127.0.0.1/x]\n"

@@ -158,7 +158,7 @@ def test_unsafe_member_names_are_never_written():
 
 
 def test_training_pairs_read_from_either_shards_equal_the_tables(demo_corpus, tmp_path):
-    from pipeline.train.data import PairSet
+    from pipeline.train.pairs import PairSet
 
     cfg = _config()
     corpus, _ = _corpus(demo_corpus, tmp_path / "c", cfg)

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.storage import Corpus
-from pipeline.train.data import (BatchOptions, GroupBatchSampler, PairSet, PairsError, collate,
-                                 sample_frames, sample_window, sample_words)
+from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, sample_frames, sample_window, sample_words
+from pipeline.train.pairs import PairSet, PairsError
 
 
 def _clip(cid, vid, text, split="train", candidates=None):

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+import trainkit
 from pipeline.config import TrainConfig
-from pipeline.train.data import PairSet, PairsError
 from pipeline.train.loop import evaluate, latest_checkpoint, train
+from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.schedule import LrSchedule, schedule_for
 
 
@@ -202,6 +203,29 @@ def test_resume_continues_at_next_epoch_with_same_result(tmp_path):
     assert again["t2v"] == pytest.approx(full["t2v"])
 
 
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    """A save that fails halfway (disk full, a kill) leaves the checkpoints as they were and no
+    temporary file; the next run resumes from the last complete epoch."""
+    train(PAIRS, cfg("nce", epochs=1), tmp_path, device="cpu")
+    ckpt_dir = tmp_path / "checkpoints"
+    before = (ckpt_dir / "epoch_0000.pt").read_bytes()
+    real_save = torch.save
+
+    def save_half(obj, f, *args, **kwargs):
+        f.write(before[: len(before) // 2])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", save_half)
+    with pytest.raises(OSError, match="No space left"):
+        train(PAIRS, cfg("nce", epochs=2), tmp_path, device="cpu")
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["epoch_0000.pt"]
+    assert (ckpt_dir / "epoch_0000.pt").read_bytes() == before
+    monkeypatch.setattr(torch, "save", real_save)
+    resumed = train(PAIRS, cfg("nce", epochs=2), tmp_path, device="cpu")
+    assert [p["epoch"] for p in resumed["curve"]] == [0, 1]
+    assert latest_checkpoint(tmp_path).name == "epoch_0001.pt"
+
+
 def test_evaluate_from_checkpoint(tmp_path):
     result = train(PAIRS, cfg("nce", epochs=2), tmp_path, device="cpu")
     again = evaluate(tmp_path, PAIRS, device="cpu")
@@ -239,21 +263,7 @@ def test_cli_eval_on_flag(tmp_path):
     from pipeline.storage import Corpus
 
     root = tmp_path / "root"
-    corpus = Corpus(str(root))
-    rng = np.random.default_rng(0)
-    clips, visual, text = [], [], []
-    for i in range(40):
-        cid = f"syn-v{i:02d}-0-3000"
-        clips.append({"clip_id": cid, "video_id": f"syn-v{i:02d}", "start_s": 0.0, "end_s": 3.0, "text": f"s{i}",
-                      "source": "manual", "policy": "fixed", "split": "train"})
-        visual.append({"clip_id": cid, "extractor": "resnet34", "weights": "none", "shape": [8],
-                       "values": rng.normal(size=8).astype("float16")})
-        text.append({"clip_id": cid, "extractor": "text:x", "weights": "none", "shape": [6],
-                     "values": rng.normal(size=6).astype("float16")})
-    corpus.init_partitions(2)
-    corpus.write_partitioned("clips", clips, "syn", done=[c["video_id"] for c in clips])
-    corpus.write_partitioned("features/resnet34", visual, "syn", done=[r["clip_id"] for r in visual])
-    corpus.write_partitioned("features/text_x", text, "syn", done=[r["clip_id"] for r in text])
+    trainkit.synthetic_features(Corpus(str(root)), n=40, test_every=0)
     config = tmp_path / "c.yaml"
     config.write_text(f"name: syn\nroot: {root}\nsources:\n  - type: urls\n    urls: [http://127.0.0.1/x]\n"
                       "features:\n  extractors:\n    - {name: resnet34, weights: none}\n    - {name: 'text:x'}\n"

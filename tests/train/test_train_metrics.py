@@ -146,7 +146,7 @@ def test_activity_words_and_torabi_distractor_rule():
 
 
 def test_multiple_choice_records_its_rule():
-    from pipeline.train.data import PairSet
+    from pipeline.train.pairs import PairSet
     from pipeline.train.evaluation import multiple_choice
 
     n = 8

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from pipeline.config import TrainConfig
 from pipeline.train.cmt import CrossModalTransformer
-from pipeline.train.data import concat_candidates
+from pipeline.train.batches import concat_candidates
 from pipeline.train.heads import EmbedHead
 from pipeline.train.models import build_model
 from pipeline.train.torabi import AttendedVideo, LSTMText
