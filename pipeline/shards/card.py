@@ -129,15 +129,10 @@ _WHAT = {
 }
 
 
-def _body(corpus: Corpus, name: str, fmt: str, splits: dict[str, dict[str, int]]) -> str:
-    folder = corpus.path(ROOT, fmt)
+def _body(name: str, fmt: str, splits: dict[str, dict[str, int]]) -> str:
+    # No paths of the root here: a card is the same wherever the corpus is built or moved.
     rows = "\n".join(f"| {s} | {c['clips']} | {c['shards']} | {c['bytes']} |" for s, c in splits.items())
-    first = next(iter(splits))
-    if fmt == "parquet":
-        duck = (f"duckdb.sql(\"select split, count(*) from read_parquet('{folder}/*/*.parquet', "
-                f"hive_partitioning=true) group by split\")")
-    else:
-        duck = None
+    first = json.dumps(next(iter(splits)))
     lines = [
         f"# {name}: {'Parquet' if fmt == 'parquet' else 'WebDataset'} shards",
         "",
@@ -151,21 +146,31 @@ def _body(corpus: Corpus, name: str, fmt: str, splits: dict[str, dict[str, int]]
         "",
         "## Loading",
         "",
+        "With `folder` the path of this folder (`<corpus root>/shards/" + fmt + "`):",
+        "",
         "```python",
         "import datasets",
-        f"splits = datasets.load_dataset({json.dumps(folder)})   # {', '.join(splits)}",
+        f"splits = datasets.load_dataset(folder)   # {', '.join(splits)}",
         "```",
         "",
     ]
-    if duck:
-        lines += ["DuckDB (the split is the folder's hive partition):", "", "```python", "import duckdb",
-                  duck, "```", ""]
+    if fmt == "parquet":
+        lines += [
+            "DuckDB (the split is the folder's hive partition):",
+            "",
+            "```python",
+            "import duckdb",
+            "duckdb.sql(f\"select split, count(*) from read_parquet('{folder}/*/*.parquet', "
+            "hive_partitioning=true) group by split\")",
+            "```",
+            "",
+        ]
     lines += [
         "PyTorch (features vary in length between clips: batches as lists of rows):",
         "",
         "```python",
         "from torch.utils.data import DataLoader",
-        f"loader = DataLoader(splits[{json.dumps(first)}].with_format(\"torch\"), batch_size=32, shuffle=True,",
+        f"loader = DataLoader(splits[{first}].with_format(\"torch\"), batch_size=32, shuffle=True,",
         "                    collate_fn=list)",
         "```",
         "",
@@ -193,7 +198,7 @@ def card_text(corpus: Corpus, name: str, fmt: str, entries: list[dict]) -> str:
                          "download_size": sum(c["bytes"] for c in splits.values())},
     }
     yaml_text = yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=100)
-    return f"---\n{yaml_text}---\n\n{_body(corpus, name, fmt, splits)}"
+    return f"---\n{yaml_text}---\n\n{_body(name, fmt, splits)}"
 
 
 def write_cards(corpus: Corpus, name: str, listings: dict[str, list[dict]]) -> dict[str, str]:
