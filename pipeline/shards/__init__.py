@@ -74,7 +74,7 @@ def open_webdataset(url: str, features: list[str] | None = None, split: str | No
 def open_parquet(url: str) -> ds.Dataset:
     """The Parquet shards as a pyarrow dataset (``split`` comes from the folder names)."""
     return ds.dataset(url, format="parquet", partitioning="hive",
-                      exclude_invalid_files=False, ignore_prefixes=[".", "_", "index.json"])
+                      exclude_invalid_files=False, ignore_prefixes=[".", "_", "index.json", "README.md"])
 
 
 def feature_array(values: Any, shape: list[int]) -> np.ndarray:

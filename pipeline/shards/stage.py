@@ -24,6 +24,7 @@ from pipeline.featurize import clips_with_media
 from pipeline.media import ClipCut, cut_clips
 from pipeline.runner import Item, Outcome, Stage, StageContext, run_partition
 from pipeline.setup import require_binaries
+from pipeline.shards.card import write_cards
 from pipeline.shards.index import PartitionIndex, ShardEntry, refresh_listings
 from pipeline.shards.parquet import part_name, write_part
 from pipeline.shards.samples import Sample, batch_samples, feature_tables
@@ -160,9 +161,10 @@ def write_shards(ctx: StageContext, partitions: list[str] | None = None) -> dict
 
 
 def listing_report(corpus: Corpus, cfg: Config, changed: list[str], written: int) -> dict[str, Any]:
-    """Refresh the listings of the partitions a run changed; per enabled format, its shard
-    and sample counts."""
+    """Refresh the listings of the partitions a run changed, and each format's dataset card
+    (README.md) from them; per enabled format, its shard and sample counts."""
     listings = refresh_listings(corpus, changed)
+    write_cards(corpus, cfg.name, listings)
     enabled = {"webdataset": cfg.shards.webdataset.enabled, "parquet": cfg.shards.parquet.enabled}
     return {fmt: {"written": written, "shards": len(entries), "samples": sum(e["count"] for e in entries)}
             for fmt, entries in listings.items() if enabled[fmt]}
