@@ -386,5 +386,23 @@ def schema(
         print(text, end="")
 
 
+@app.command()
+def status(
+    target: Annotated[str, typer.Argument(metavar="ROOT", help="Corpus root (its config.yaml names "
+                                                              "the extractors), or a config file.")],
+    root: Root = None,
+    by_partition: Annotated[bool, typer.Option("--partitions", help="Figures per partition too.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object (shape: pipeline/status.py).")] = False,
+) -> None:
+    """Per stage: items upstream, done, failed by kind, to do; read-only, safe during a build."""
+    from pipeline.status import corpus_status, print_status
+
+    figures = _on_target(target, root, lambda corpus, cfg: corpus_status(corpus, cfg, by_partition))
+    if json_out:
+        print(json.dumps(figures))
+    else:
+        print_status(figures)
+
+
 if __name__ == "__main__":
     app()

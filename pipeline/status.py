@@ -184,7 +184,10 @@ def _row(counts: dict[str, Any]) -> list[str]:
 def print_status(status: dict[str, Any], console: Console | None = None) -> None:
     """The figures as rich tables: the corpus, then (with --partitions) every partition that
     has something to do or failed."""
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a pipe or a file: whole rows rather than 80 columns
+            console = Console(width=160)
     table = _stage_table(f"{status['root']}: {status['partitions']} partitions")
     for name, counts in status["stages"].items():
         table.add_row(name, *_row(counts))
