@@ -404,5 +404,23 @@ def status(
         print_status(figures)
 
 
+@app.command()
+def init(
+    name: Annotated[str, typer.Argument(help="The corpus's name; writes NAME.yaml.")],
+    style: Annotated[str, typer.Option(help="howto100m, apartment-tour or spoken-moments.")] = "howto100m",
+    out: Annotated[Path, typer.Option(help="Folder to write NAME.yaml in.")] = Path("."),
+) -> None:
+    """Write a commented starter config for a corpus style (never over an existing file)."""
+    from pipeline.starter import StarterError, write_starter
+
+    try:
+        path = write_starter(name, style, out)
+    except StarterError as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
+    console.print(f"wrote {path} ({style}); edit its sources and root, then: vlcorpus build {path}",
+                  highlight=False)
+
+
 if __name__ == "__main__":
     app()
