@@ -406,7 +406,7 @@ def status(
 
 @app.command()
 def init(
-    name: Annotated[str, typer.Argument(help="The corpus's name; writes NAME.yaml.")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The corpus's name; writes NAME.yaml.")],
     style: Annotated[str, typer.Option(help="howto100m, apartment-tour or spoken-moments.")] = "howto100m",
     out: Annotated[Path, typer.Option(help="Folder to write NAME.yaml in.")] = Path("."),
 ) -> None:
