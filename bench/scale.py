@@ -8,7 +8,8 @@ Most of the corpus is done (99% of the videos downloaded, transcribed and aligne
 clips featurized and sharded), so each stage's plan is the anti-join of a full partition. The
 baseline, measured in the same run, is what planning did before partitions: the whole clips
 table as Python rows in one process. Prints per stage the planning time, then one JSON line:
-{"clips", "plan_s": {stage: s}, "peak_rss_mb", "files": {table: n}, "task_runs", ...}.
+{"clips", "plan_s": {stage: s}, "peak_rss_mb", "files": {table: n}, "task_runs", "status", ...}
+("status": `vlcorpus status` of the same corpus, its seconds and peak RSS).
 Goal on 2 cores: planning at 10M clips within 60 s, peak RSS at 10M at most 300 MB above 1M.
 """
 
@@ -121,6 +122,18 @@ def plan_all(root: str) -> dict:
     return {"plan_s": plan_s, "todo": todo, "peak_rss_mb": round(rss, 1)}
 
 
+def status_all(root: str) -> dict:
+    """In this (fresh) process: `vlcorpus status` of the corpus (every stage, every partition)."""
+    from pipeline.status import corpus_status
+
+    started = time.perf_counter()
+    status = corpus_status(Corpus(root), parse_config(CONFIG))
+    seconds = time.perf_counter() - started
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"seconds": round(seconds, 3), "peak_rss_mb": round(rss, 1),
+            "todo": {name: counts["todo"] for name, counts in status["stages"].items()}}
+
+
 def baseline(root: str) -> dict:
     """In this (fresh) process: the clips table as Python rows, as planning did before."""
     corpus = Corpus(root)
@@ -146,9 +159,11 @@ def main() -> None:
     parser.add_argument("--root", help="where to write the synthetic corpus (default: a temp dir)")
     parser.add_argument("--plan", metavar="ROOT", help=argparse.SUPPRESS)
     parser.add_argument("--baseline", metavar="ROOT", help=argparse.SUPPRESS)
+    parser.add_argument("--status", metavar="ROOT", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.plan or args.baseline:
-        print(json.dumps(plan_all(args.plan) if args.plan else baseline(args.baseline)))
+    if args.plan or args.baseline or args.status:
+        print(json.dumps(plan_all(args.plan) if args.plan else status_all(args.status) if args.status
+                         else baseline(args.baseline)))
         return
     with tempfile.TemporaryDirectory(prefix="vlcorpus-scale-") as tmp:
         root = args.root or tmp
@@ -157,6 +172,7 @@ def main() -> None:
         print(f"wrote {args.clips} clips of {args.clips // CLIPS_PER_VIDEO} videos in "
               f"{corpus.partitions} partitions in {time.perf_counter() - started:.0f} s", flush=True)
         planned = _child("plan", root)
+        status = _child("status", root)
         old = _child("baseline", root)
         files = {t: len(corpus.table_files(t)) for t in corpus.tables()}
     for stage, seconds in planned["plan_s"].items():
@@ -165,10 +181,12 @@ def main() -> None:
     print(f"planning every stage: {total:.1f} s, peak RSS {planned['peak_rss_mb']:.0f} MB; "
           f"baseline (the clips table as Python rows, one stage's input): {old['seconds']:.1f} s, "
           f"peak RSS {old['peak_rss_mb']:.0f} MB: RSS ratio {old['peak_rss_mb'] / planned['peak_rss_mb']:.2f}x")
+    print(f"vlcorpus status (every stage, every partition): {status['seconds']:.1f} s, "
+          f"peak RSS {status['peak_rss_mb']:.0f} MB")
     runs = corpus.partitions * len(graph.PARTITION_STAGES) + 4  # + discover, listing, report, train
     print(json.dumps({"clips": args.clips, "plan_s": planned["plan_s"], "peak_rss_mb": planned["peak_rss_mb"],
                       "files": files, "task_runs": runs, "partitions": corpus.partitions,
-                      "baseline": old}))
+                      "status": status, "baseline": old}))
 
 
 if __name__ == "__main__":

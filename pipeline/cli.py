@@ -386,5 +386,41 @@ def schema(
         print(text, end="")
 
 
+@app.command()
+def status(
+    target: Annotated[str, typer.Argument(metavar="ROOT", help="Corpus root (its config.yaml names "
+                                                              "the extractors), or a config file.")],
+    root: Root = None,
+    by_partition: Annotated[bool, typer.Option("--partitions", help="Figures per partition too.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object (shape: pipeline/status.py).")] = False,
+) -> None:
+    """Per stage: items upstream, done, failed by kind, to do; read-only, safe during a build."""
+    from pipeline.status import corpus_status, print_status
+
+    figures = _on_target(target, root, lambda corpus, cfg: corpus_status(corpus, cfg, by_partition))
+    if json_out:
+        print(json.dumps(figures))
+    else:
+        print_status(figures)
+
+
+@app.command()
+def init(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The corpus's name; writes NAME.yaml.")],
+    style: Annotated[str, typer.Option(help="howto100m, apartment-tour or spoken-moments.")] = "howto100m",
+    out: Annotated[Path, typer.Option(help="Folder to write NAME.yaml in.")] = Path("."),
+) -> None:
+    """Write a commented starter config for a corpus style (never over an existing file)."""
+    from pipeline.starter import StarterError, write_starter
+
+    try:
+        path = write_starter(name, style, out)
+    except StarterError as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
+    console.print(f"wrote {path} ({style}); edit its sources and root, then: vlcorpus build {path}",
+                  highlight=False)
+
+
 if __name__ == "__main__":
     app()

@@ -259,15 +259,59 @@ def attach(rows: pa.Table, other: pa.Table, key: str) -> pa.Table:
     return rows
 
 
-def failures(corpus: Corpus, stage: str, partition: str) -> tuple[pa.Array, dict[str, int]]:
+def stage_errors(corpus: Corpus, stage: str, partition: str) -> pa.Table:
+    """The errors rows of ``stage`` in one partition (item_id, kind, attempt), read column-only."""
+    return corpus.read("errors", columns=["item_id", "kind", "attempt"],
+                       filter=ds.field("stage") == stage, partition=partition)
+
+
+def failures(corpus: Corpus, stage: str, partition: str,
+             errors: pa.Table | None = None) -> tuple[pa.Array, dict[str, int]]:
     """Keys of one partition that failed for good in ``stage``, and the attempts of every key
-    that failed at all."""
-    errors = corpus.read("errors", columns=["item_id", "kind", "attempt"],
-                         filter=ds.field("stage") == stage, partition=partition)
-    final = errors.filter(pc.is_in(errors.column("kind"), pa.array(FINAL_KINDS)))
+    that failed at all (from ``errors``, the stage's errors rows, when given)."""
+    errors = stage_errors(corpus, stage, partition) if errors is None else errors
     attempts = errors.group_by("item_id").aggregate([("attempt", "max")])
-    return (pc.unique(final.column("item_id")),
+    return (final_keys(errors),
             dict(zip(attempts.column("item_id").to_pylist(), attempts.column("attempt_max").to_pylist())))
+
+
+def final_keys(errors: pa.Table) -> pa.Array:
+    """The keys of errors rows whose kind is final (permanent, bad_input): a run skips them."""
+    final = errors.filter(pc.is_in(errors.column("kind"), pa.array(FINAL_KINDS)))
+    return pc.unique(final.column("item_id")).cast(pa.string())
+
+
+@dataclass(frozen=True)
+class KeySets:
+    """One partition of a stage as sets of keys: its input keys and, aligned with them, masks
+    of those done, those failed for good, those done before that must be done again; every
+    other key is to do. The one home of "what is left" for the runner and ``vlcorpus status``."""
+
+    keys: pa.Array  # distinct input keys (strings)
+    done: pa.Array  # bool: done, and not to be done again
+    failed: pa.Array  # bool: not done, failed for good (skipped unless --retry-failed)
+    redo: pa.Array  # bool: done before, to be done again
+    errors: pa.Table  # the stage's errors rows in the partition (item_id, kind, attempt)
+
+    @property
+    def todo(self) -> pa.Array:
+        return pc.filter(self.keys, pc.invert(pc.or_(self.done, self.failed)))
+
+
+def key_sets(stage: Stage, ctx: StageContext, partition: str, retry_failed: bool = False) -> KeySets:
+    """Input keys − done keys − final failures (+ keys to redo) of one partition, with Arrow,
+    reading key columns only. It only reads committed files: safe while a build writes."""
+    corpus = ctx.corpus
+    listed = corpus.read(stage.source, columns=[stage.key], partition=partition)
+    keys = pc.unique(listed.column(stage.key)).cast(pa.string())
+    done = stage.target.done_keys(corpus, partition)
+    errors = stage_errors(corpus, stage.name, partition)
+    final = pa.array([], pa.string()) if retry_failed else final_keys(errors)
+    redo = (pc.is_in(keys, stage.redo(ctx, partition)) if stage.redo
+            else pa.array([False] * len(keys), pa.bool_()))
+    is_done = pc.and_(pc.is_in(keys, done), pc.invert(redo))
+    is_failed = pc.and_(pc.invert(is_done), pc.is_in(keys, final))
+    return KeySets(keys, is_done, is_failed, redo, errors)
 
 
 @dataclass
@@ -319,23 +363,15 @@ def plan_partition(stage: Stage, ctx: StageContext, partition: str,
     if stage.sink is None:
         corpus.sweep(stage.output, partition)
     corpus.sweep("errors", partition)
-    listed = corpus.read(stage.source, columns=[stage.key], partition=partition)
-    keys = pc.unique(listed.column(stage.key)).cast(pa.string())
-    done = stage.target.done_keys(corpus, partition)
-    final, attempts = failures(corpus, stage.name, partition)
-    if retry_failed:
-        final = pa.array([], pa.string())
-    redo = (pc.is_in(keys, stage.redo(ctx, partition)) if stage.redo
-            else pa.array([False] * len(keys), pa.bool_()))
-    is_done = pc.and_(pc.is_in(keys, done), pc.invert(redo))
-    is_failed = pc.and_(pc.invert(is_done), pc.is_in(keys, final))
-    todo = pc.filter(keys, pc.invert(pc.or_(is_done, is_failed)))
-    report = StageReport(stage.name, total=len(keys), skipped_done=pc.sum(is_done).as_py() or 0,
-                         skipped_failed=pc.sum(is_failed).as_py() or 0, todo=len(todo))
+    sets = key_sets(stage, ctx, partition, retry_failed)
+    _, attempts = failures(corpus, stage.name, partition, sets.errors)
+    todo = sets.todo
+    report = StageReport(stage.name, total=len(sets.keys), skipped_done=pc.sum(sets.done).as_py() or 0,
+                         skipped_failed=pc.sum(sets.failed).as_py() or 0, todo=len(todo))
     rows = stage.inputs(ctx, partition, todo) if len(todo) else _empty_inputs(stage, ctx, partition)
     order = ([stage.group] if stage.group else []) + list(stage.order) + [stage.key]
     rows = rows.sort_by([(c, "ascending") for c in order])
-    redo_keys = set(pc.filter(keys, redo).to_pylist())
+    redo_keys = set(pc.filter(sets.keys, sets.redo).to_pylist())
     todo_keys = pc.unique(rows.column(stage.key)).to_pylist()
     return PartitionPlan(stage, partition, rows, todo_keys,
                          {k: attempts[k] for k in todo_keys if k in attempts}, redo_keys, report)

@@ -1,0 +1,212 @@
+"""`vlcorpus status`: per stage, the items upstream, done, failed by kind, and to do.
+
+The figures are the runner's own planning (``runner.key_sets``: input keys − done keys − final
+failures, with Arrow, over key columns), added up partition by partition, so status and a
+build agree on what is left and memory follows one partition, not the corpus. Nothing is
+written and no lock is taken: status reads committed files only, as planning does, and may run
+while a build writes. A file that a compaction replaces between the listing and the read is
+read again from a fresh listing.
+
+JSON shape (``vlcorpus status ROOT --json``)::
+
+    {"root": str, "partitions": int,
+     "stages": {"download": COUNTS, "transcribe": COUNTS, "align": COUNTS,
+                "featurize:<extractor>": COUNTS, ..., "shard": COUNTS},
+     "corpus_errors": {step: {kind: items}},         # discover, report, train
+     "by_partition": {"00000": {stage: COUNTS}}}     # only with --partitions
+
+    COUNTS = {"table": str,        # what the stage writes (shards: the shard index)
+              "upstream": int,     # distinct keys of its input table
+              "done": int,         # done, and not to be done again
+              "failed": {kind: int},  # not done, by the kind of the last failure
+              "final": int,        # failed for good (permanent, bad_input): a build skips
+                                   # them, `build --retry-failed` retries them
+              "todo": int}         # what the next build runs: upstream - done - final;
+                                   # transient and blocked failures are counted here too
+
+Stages are in build order; per-partition stages only (discover, report and train run once
+per corpus: their failures are under ``corpus_errors``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from rich.console import Console
+from rich.table import Table
+
+from pipeline import graph, partitions
+from pipeline.config import Config
+from pipeline.errors import ErrorKind
+from pipeline.runner import FINAL_KINDS, KeySets, Stage, StageContext, key_sets
+from pipeline.storage import Corpus
+
+# Final kinds first, then those a build tries again.
+KINDS: tuple[str, ...] = FINAL_KINDS + tuple(k.value for k in ErrorKind if k.value not in FINAL_KINDS)
+# A compaction may delete a listed file before it is read: list and read again, this often.
+READ_TRIES = 5
+
+
+@dataclass
+class Counts:
+    """One stage's figures, for a partition or summed over several."""
+
+    table: str
+    upstream: int = 0
+    done: int = 0
+    todo: int = 0
+    failed: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def final(self) -> int:
+        return sum(n for kind, n in self.failed.items() if kind in FINAL_KINDS)
+
+    def add(self, other: Counts) -> None:
+        self.upstream += other.upstream
+        self.done += other.done
+        self.todo += other.todo
+        for kind, n in other.failed.items():
+            self.failed[kind] = self.failed.get(kind, 0) + n
+
+    def as_dict(self) -> dict[str, Any]:
+        failed = {k: self.failed[k] for k in sorted(self.failed, key=_kind_order)}
+        return {"table": self.table, "upstream": self.upstream, "done": self.done,
+                "failed": failed, "final": self.final, "todo": self.todo}
+
+
+def _kind_order(kind: str) -> tuple[int, str]:
+    return (KINDS.index(kind) if kind in KINDS else len(KINDS), kind)
+
+
+def counts_of(stage: Stage, sets: KeySets) -> Counts:
+    """A partition's figures from its key sets. Each item not done that has errors rows counts
+    once, under the kind of its last final failure, else of its last failure."""
+    open_keys = pc.filter(sets.keys, pc.invert(sets.done))
+    errors = sets.errors.filter(pc.is_in(sets.errors.column("item_id"), value_set=open_keys))
+    failed: dict[str, int] = {}
+    if errors.num_rows:
+        errors = errors.append_column("final", pc.is_in(errors.column("kind"), pa.array(FINAL_KINDS)))
+        errors = errors.sort_by([("item_id", "ascending"), ("final", "ascending"), ("attempt", "ascending")])
+        last = errors.group_by("item_id", use_threads=False).aggregate([("kind", "last")])
+        for entry in pc.value_counts(last.column("kind_last")).to_pylist():
+            failed[entry["values"]] = entry["counts"]
+    done = pc.sum(sets.done).as_py() or 0
+    return Counts(stage.output, upstream=len(sets.keys), done=done, todo=len(sets.todo), failed=failed)
+
+
+def _retrying_reads(read: Callable[[], KeySets]) -> KeySets:
+    attempt = 1
+    while True:
+        try:
+            return read()
+        except FileNotFoundError:
+            # A compaction committed and deleted the files it replaced after they were listed.
+            if attempt == READ_TRIES:
+                raise
+            time.sleep(0.05 * attempt)
+            attempt += 1
+
+
+def partition_counts(stage: Stage, ctx: StageContext, partition: str) -> Counts:
+    """One stage's figures in one partition, as the runner would plan it (without
+    --retry-failed)."""
+    return counts_of(stage, _retrying_reads(lambda: key_sets(stage, ctx, partition)))
+
+
+def partition_stages(cfg: Config) -> list[Stage]:
+    """The per-partition runner stages of a config, in build order (featurize: one per
+    extractor)."""
+    from pipeline.stages import parts
+
+    return [part for name in graph.PARTITION_STAGES for part in parts(name, cfg)
+            if isinstance(part, Stage)]
+
+
+def corpus_errors(corpus: Corpus) -> dict[str, dict[str, int]]:
+    """Failures of the corpus-wide steps (discover, report, train), items by step and kind."""
+    if partitions.CORPUS not in corpus.partitions_of(graph.ERRORS):
+        return {}
+    data = corpus.read(graph.ERRORS, columns=["stage", "kind", "item_id"], partition=partitions.CORPUS)
+    found: dict[str, dict[str, int]] = {}
+    for row in data.group_by(["stage", "kind"]).aggregate([("item_id", "count_distinct")]).to_pylist():
+        found.setdefault(row["stage"], {})[row["kind"]] = row["item_id_count_distinct"]
+    return {step: dict(sorted(kinds.items(), key=lambda kv: _kind_order(kv[0])))
+            for step, kinds in sorted(found.items())}
+
+
+def corpus_status(corpus: Corpus, cfg: Config, by_partition: bool = False) -> dict[str, Any]:
+    """Every per-partition stage's figures over the corpus (and per partition when asked),
+    read one partition at a time; the JSON shape is in this module's docstring."""
+    from pipeline.stages import context
+
+    ctx = context(corpus, cfg)
+    stages = partition_stages(cfg)
+    totals = {stage.name: Counts(stage.output) for stage in stages}
+    per_partition: dict[str, dict[str, Any]] = {}
+    labels = corpus.labels()
+    for label in labels:
+        for stage in stages:
+            counts = partition_counts(stage, ctx, label)
+            totals[stage.name].add(counts)
+            if by_partition:
+                per_partition.setdefault(label, {})[stage.name] = counts.as_dict()
+    status: dict[str, Any] = {
+        "root": corpus.url, "partitions": len(labels),
+        "stages": {name: counts.as_dict() for name, counts in totals.items()},
+        "corpus_errors": corpus_errors(corpus),
+    }
+    if by_partition:
+        status["by_partition"] = per_partition
+    return status
+
+
+def _stage_table(title: str, first: str | None = None) -> Table:
+    table = Table(title=title, caption="permanent, bad_input: final (build --retry-failed retries "
+                                       "them); transient, blocked: counted in 'to do' too")
+    if first:
+        table.add_column(first)
+    table.add_column("stage")
+    for name in ("upstream", "done", "to do", *KINDS):
+        table.add_column(name, justify="right")
+    return table
+
+
+def _row(counts: dict[str, Any]) -> list[str]:
+    return [str(counts["upstream"]), str(counts["done"]), str(counts["todo"]),
+            *(str(counts["failed"].get(kind, 0) or "") for kind in KINDS)]
+
+
+def print_status(status: dict[str, Any], console: Console | None = None) -> None:
+    """The figures as rich tables: the corpus, then (with --partitions) every partition that
+    has something to do or failed."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a pipe or a file: whole rows rather than 80 columns
+            console = Console(width=160)
+    table = _stage_table(f"{status['root']}: {status['partitions']} partitions")
+    for name, counts in status["stages"].items():
+        table.add_row(name, *_row(counts))
+    console.print(table)
+    if status["corpus_errors"]:
+        steps = Table(title="corpus-wide steps: failures")
+        for name in ("step", "kind", "items"):
+            steps.add_column(name, justify="right" if name == "items" else "left")
+        for step, kinds in status["corpus_errors"].items():
+            for kind, n in kinds.items():
+                steps.add_row(step, kind, str(n))
+        console.print(steps)
+    if "by_partition" in status:
+        open_rows = [(label, name, counts) for label, stages in status["by_partition"].items()
+                     for name, counts in stages.items() if counts["todo"] or counts["failed"]]
+        if not open_rows:
+            console.print("every partition is complete")
+            return
+        table = _stage_table("partitions with items to do or failed", first="partition")
+        for label, name, counts in open_rows:
+            table.add_row(label, name, *_row(counts))
+        console.print(table)
