@@ -30,6 +30,7 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
 
+from flows.progress import BuildProgress, publish_summary
 from flows.services import build_services
 from flows.shared import PREFECT
 
@@ -154,42 +155,64 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
     logger = get_run_logger()
     started = time.time()
     labels = corpus.labels()
+    stage_names = [name for name in stage_names if parts(name, cfg)]  # featurize may have none
     totals = {name: StageTotals() for name in stage_names}
     results: list[dict[str, Any]] = []
     if "download" in stage_names:
         prepare_download_limit(cfg)
-    if pipelined:
-        limit = cfg.execution.max_inflight_partitions
-        logger.info("%d partitions, %d at a time: %s", len(labels), limit, " -> ".join(stage_names))
-        inflight: dict[PrefectFuture, list[PrefectFuture]] = {}
-        pending = list(labels)
-        failure: BaseException | None = None
-        while pending or inflight:
-            while pending and len(inflight) < limit:
-                chain: list[PrefectFuture] = []
-                partition = pending.pop(0)
-                for stage in stage_names:
-                    chain.append(_submit(stage, partition, corpus, cfg, retry_failed,
-                                         chain[-1] if chain else None))
-                inflight[chain[-1]] = chain
-            finished = next(as_completed(list(inflight)))
-            try:
-                chain_results = [f.result() for f in inflight.pop(finished)]
-                results += chain_results
-                if _stopped(chain_results):
+    progress = BuildProgress(stage_names, len(labels))
+    failure: BaseException | None = None
+
+    def collect(future: PrefectFuture) -> None:
+        nonlocal failure
+        try:
+            result = future.result()
+        except Exception as exc:  # noqa: BLE001 - raised once the tasks in flight are done
+            # A task that failed past its retries (a setup problem, a full disk): start no new
+            # partition, let the others finish their batches, then fail the build. The tasks
+            # after it in its chain do not run and end here too.
+            failure = failure or exc
+            return
+        results.append(result)
+        progress.finished(result)
+
+    try:
+        if pipelined:
+            limit = cfg.execution.max_inflight_partitions
+            logger.info("%d partitions, %d at a time: %s", len(labels), limit, " -> ".join(stage_names))
+            waiting: dict[PrefectFuture, str] = {}
+            left: dict[str, int] = {}  # partition in flight -> its tasks not finished
+            pending = list(labels)
+            while pending or waiting:
+                while pending and len(left) < limit and failure is None:
+                    partition = pending.pop(0)
+                    previous = None
+                    for stage in stage_names:
+                        previous = _submit(stage, partition, corpus, cfg, retry_failed, previous)
+                        waiting[previous] = partition
+                    left[partition] = len(stage_names)
+                if not waiting:
+                    break
+                finished = next(as_completed(list(waiting)))
+                partition = waiting.pop(finished)
+                count = len(results)
+                collect(finished)
+                if _stopped(results[count:]):
                     pending.clear()  # a stage stopped (downloads blocked): no new partitions
-            except Exception as exc:  # noqa: BLE001 - raised once the chains in flight are done
-                # A task that failed past its retries (a setup problem, a full disk): start no
-                # new partition, let the others finish their batches, then fail the build.
-                failure = failure or exc
-                pending.clear()
-        if failure is not None:
-            raise failure
-    else:
-        for stage in stage_names:
-            futures = [_submit(stage, p, corpus, cfg, retry_failed) for p in labels]
-            results += [f.result() for f in futures]
-            logger.info("%s: %d partitions done", stage, len(labels))
+                left[partition] -= 1
+                if not left[partition]:
+                    del left[partition]
+        else:
+            for stage in stage_names:
+                for future in as_completed([_submit(stage, p, corpus, cfg, retry_failed) for p in labels]):
+                    collect(future)
+                if failure is not None:
+                    break
+                logger.info("%s: %d partitions done", stage, len(labels))
+    finally:
+        progress.close()
+    if failure is not None:
+        raise failure
     for result in results:
         totals[result["stage"]].add(result)
     ctx = context(corpus, cfg)
@@ -285,7 +308,15 @@ def build_corpus(
         steps(name)
     summary = summarize(corpus)
     summary["stages"] = reports
+    publish_summary(summary, _report_url(corpus))
     return summary
+
+
+def _report_url(corpus: Corpus) -> str | None:
+    path = corpus.path("report", "report.html")
+    if not corpus.fs.exists(path):
+        return None
+    return Path(path).resolve().as_uri() if corpus.is_local else corpus.fs.unstrip_protocol(path)
 
 
 def _same_cluster() -> TaskRunner:
