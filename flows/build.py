@@ -16,6 +16,7 @@ limit, so the limit holds across workers and across builds.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -52,7 +53,7 @@ def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
                    retry_failed: bool = False) -> dict[str, Any]:
     """Every part of one stage over one partition (featurize: each extractor in turn); the
     shard stage then drops the partition's media unless ``storage.keep_media``."""
-    started = time.monotonic()
+    started, began = time.monotonic(), time.time()
     ctx = context(Corpus(root), cfg)
     reports = {}
     with limits.using(PREFECT):
@@ -66,7 +67,7 @@ def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
     if stage_name == "shard" and not cfg.storage.keep_media:
         released = retention.release(ctx, partition)
     return {"stage": stage_name, "partition": partition, "parts": reports, "released": released,
-            "worker": _worker_name(), "seconds": time.monotonic() - started}
+            "worker": _worker_name(), "seconds": time.monotonic() - started, "began": began}
 
 
 @task(name="step", task_run_name="{step_name}", retries=2, retry_delay_seconds=[2, 10],
@@ -123,6 +124,7 @@ class StageTotals:
         self.seconds = 0.0
         self.partitions = 0
         self.released = 0
+        self.span: tuple[float, float] | None = None  # first task's start, last task's end
 
     def add(self, result: dict[str, Any]) -> None:
         for name, report in result["parts"].items():
@@ -131,10 +133,15 @@ class StageTotals:
         self.seconds += result["seconds"]
         self.partitions += 1
         self.released += result["released"]
+        began, ended = result["began"], result["began"] + result["seconds"]
+        self.span = (min(began, self.span[0]), max(ended, self.span[1])) if self.span else (began, ended)
 
     def as_dicts(self) -> dict[str, dict[str, Any]]:
+        # Wall time: from the stage's first task to its last, overlapping other stages when
+        # pipelined; task seconds: summed over its tasks.
+        wall = round(self.span[1] - self.span[0], 3) if self.span else 0.0
         return {name: {**asdict(report), "workers": sorted(self.workers), "task_seconds":
-                       round(self.seconds, 3), "partitions": self.partitions}
+                       round(self.seconds, 3), "wall_seconds": wall, "partitions": self.partitions}
                 for name, report in self.parts.items()}
 
 
@@ -304,12 +311,22 @@ def build_corpus(
         for name in partition_stages:
             stage_flow = STAGE_FLOWS[name].with_options(task_runner=_same_cluster())
             reports.update(stage_flow(cfg, root=corpus.url, retry_failed=retry_failed))
+    if partition_stages:
+        record_run(corpus, reports)
     for name in (n for n in names if n not in ("discover", *partition_stages)):
         steps(name)
     summary = summarize(corpus)
     summary["stages"] = reports
     publish_summary(summary, _report_url(corpus))
     return summary
+
+
+def record_run(corpus: Corpus, reports: dict[str, Any]) -> None:
+    """The partition stages' reports of this build (counts, wall and task seconds, figures) in
+    ``runs/build/``, for the report's timing section."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    corpus.write_text(f"runs/build/{stamp}.json", json.dumps(
+        {"finished": stamp, "stages": reports}, sort_keys=True, default=str) + "\n")
 
 
 def _report_url(corpus: Corpus) -> str | None:
