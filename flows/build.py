@@ -16,6 +16,7 @@ limit, so the limit holds across workers and across builds.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -30,6 +31,7 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
 
+from flows.progress import BuildProgress, publish_summary
 from flows.services import build_services
 from flows.shared import PREFECT
 
@@ -51,7 +53,7 @@ def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
                    retry_failed: bool = False) -> dict[str, Any]:
     """Every part of one stage over one partition (featurize: each extractor in turn); the
     shard stage then drops the partition's media unless ``storage.keep_media``."""
-    started = time.monotonic()
+    started, began = time.monotonic(), time.time()
     ctx = context(Corpus(root), cfg)
     reports = {}
     with limits.using(PREFECT):
@@ -65,7 +67,7 @@ def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
     if stage_name == "shard" and not cfg.storage.keep_media:
         released = retention.release(ctx, partition)
     return {"stage": stage_name, "partition": partition, "parts": reports, "released": released,
-            "worker": _worker_name(), "seconds": time.monotonic() - started}
+            "worker": _worker_name(), "seconds": time.monotonic() - started, "began": began}
 
 
 @task(name="step", task_run_name="{step_name}", retries=2, retry_delay_seconds=[2, 10],
@@ -122,6 +124,7 @@ class StageTotals:
         self.seconds = 0.0
         self.partitions = 0
         self.released = 0
+        self.span: tuple[float, float] | None = None  # first task's start, last task's end
 
     def add(self, result: dict[str, Any]) -> None:
         for name, report in result["parts"].items():
@@ -130,10 +133,15 @@ class StageTotals:
         self.seconds += result["seconds"]
         self.partitions += 1
         self.released += result["released"]
+        began, ended = result["began"], result["began"] + result["seconds"]
+        self.span = (min(began, self.span[0]), max(ended, self.span[1])) if self.span else (began, ended)
 
     def as_dicts(self) -> dict[str, dict[str, Any]]:
+        # Wall time: from the stage's first task to its last, overlapping other stages when
+        # pipelined; task seconds: summed over its tasks.
+        wall = round(self.span[1] - self.span[0], 3) if self.span else 0.0
         return {name: {**asdict(report), "workers": sorted(self.workers), "task_seconds":
-                       round(self.seconds, 3), "partitions": self.partitions}
+                       round(self.seconds, 3), "wall_seconds": wall, "partitions": self.partitions}
                 for name, report in self.parts.items()}
 
 
@@ -154,42 +162,64 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
     logger = get_run_logger()
     started = time.time()
     labels = corpus.labels()
+    stage_names = [name for name in stage_names if parts(name, cfg)]  # featurize may have none
     totals = {name: StageTotals() for name in stage_names}
     results: list[dict[str, Any]] = []
     if "download" in stage_names:
         prepare_download_limit(cfg)
-    if pipelined:
-        limit = cfg.execution.max_inflight_partitions
-        logger.info("%d partitions, %d at a time: %s", len(labels), limit, " -> ".join(stage_names))
-        inflight: dict[PrefectFuture, list[PrefectFuture]] = {}
-        pending = list(labels)
-        failure: BaseException | None = None
-        while pending or inflight:
-            while pending and len(inflight) < limit:
-                chain: list[PrefectFuture] = []
-                partition = pending.pop(0)
-                for stage in stage_names:
-                    chain.append(_submit(stage, partition, corpus, cfg, retry_failed,
-                                         chain[-1] if chain else None))
-                inflight[chain[-1]] = chain
-            finished = next(as_completed(list(inflight)))
-            try:
-                chain_results = [f.result() for f in inflight.pop(finished)]
-                results += chain_results
-                if _stopped(chain_results):
+    progress = BuildProgress(stage_names, len(labels))
+    failure: BaseException | None = None
+
+    def collect(future: PrefectFuture) -> None:
+        nonlocal failure
+        try:
+            result = future.result()
+        except Exception as exc:  # noqa: BLE001 - raised once the tasks in flight are done
+            # A task that failed past its retries (a setup problem, a full disk): start no new
+            # partition, let the others finish their batches, then fail the build. The tasks
+            # after it in its chain do not run and end here too.
+            failure = failure or exc
+            return
+        results.append(result)
+        progress.finished(result)
+
+    try:
+        if pipelined:
+            limit = cfg.execution.max_inflight_partitions
+            logger.info("%d partitions, %d at a time: %s", len(labels), limit, " -> ".join(stage_names))
+            waiting: dict[PrefectFuture, str] = {}
+            left: dict[str, int] = {}  # partition in flight -> its tasks not finished
+            pending = list(labels)
+            while pending or waiting:
+                while pending and len(left) < limit and failure is None:
+                    partition = pending.pop(0)
+                    previous = None
+                    for stage in stage_names:
+                        previous = _submit(stage, partition, corpus, cfg, retry_failed, previous)
+                        waiting[previous] = partition
+                    left[partition] = len(stage_names)
+                if not waiting:
+                    break
+                finished = next(as_completed(list(waiting)))
+                partition = waiting.pop(finished)
+                count = len(results)
+                collect(finished)
+                if _stopped(results[count:]):
                     pending.clear()  # a stage stopped (downloads blocked): no new partitions
-            except Exception as exc:  # noqa: BLE001 - raised once the chains in flight are done
-                # A task that failed past its retries (a setup problem, a full disk): start no
-                # new partition, let the others finish their batches, then fail the build.
-                failure = failure or exc
-                pending.clear()
-        if failure is not None:
-            raise failure
-    else:
-        for stage in stage_names:
-            futures = [_submit(stage, p, corpus, cfg, retry_failed) for p in labels]
-            results += [f.result() for f in futures]
-            logger.info("%s: %d partitions done", stage, len(labels))
+                left[partition] -= 1
+                if not left[partition]:
+                    del left[partition]
+        else:
+            for stage in stage_names:
+                for future in as_completed([_submit(stage, p, corpus, cfg, retry_failed) for p in labels]):
+                    collect(future)
+                if failure is not None:
+                    break
+                logger.info("%s: %d partitions done", stage, len(labels))
+    finally:
+        progress.close()
+    if failure is not None:
+        raise failure
     for result in results:
         totals[result["stage"]].add(result)
     ctx = context(corpus, cfg)
@@ -281,11 +311,29 @@ def build_corpus(
         for name in partition_stages:
             stage_flow = STAGE_FLOWS[name].with_options(task_runner=_same_cluster())
             reports.update(stage_flow(cfg, root=corpus.url, retry_failed=retry_failed))
+    if partition_stages:
+        record_run(corpus, reports)
     for name in (n for n in names if n not in ("discover", *partition_stages)):
         steps(name)
     summary = summarize(corpus)
     summary["stages"] = reports
+    publish_summary(summary, _report_url(corpus))
     return summary
+
+
+def record_run(corpus: Corpus, reports: dict[str, Any]) -> None:
+    """The partition stages' reports of this build (counts, wall and task seconds, figures) in
+    ``runs/build/``, for the report's timing section."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    corpus.write_text(f"runs/build/{stamp}.json", json.dumps(
+        {"finished": stamp, "stages": reports}, sort_keys=True, default=str) + "\n")
+
+
+def _report_url(corpus: Corpus) -> str | None:
+    path = corpus.path("report", "report.html")
+    if not corpus.fs.exists(path):
+        return None
+    return Path(path).resolve().as_uri() if corpus.is_local else corpus.fs.unstrip_protocol(path)
 
 
 def _same_cluster() -> TaskRunner:

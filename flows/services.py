@@ -10,6 +10,7 @@ own; the workers import the flows while the server comes up.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import socket
 import subprocess
@@ -161,6 +162,7 @@ def build_services(cfg: Config, root: str, dask_address: str | None = None) -> I
 
             # An in-memory root is only visible inside this process: threads, not processes.
             processes = not root.startswith("memory://")
+            _no_dashboard_claim()
             cluster = stack.enter_context(LocalCluster(
                 n_workers=cfg.execution.n_workers or 2,
                 threads_per_worker=cfg.execution.threads_per_worker, processes=processes,
@@ -168,3 +170,16 @@ def build_services(cfg: Config, root: str, dask_address: str | None = None) -> I
             address = cluster.scheduler_address
         server_up()
         yield address
+
+
+class _NoDashboard(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "dashboard is available" not in record.getMessage()
+
+
+def _no_dashboard_claim() -> None:
+    """prefect-dask announces the scheduler's HTTP address as "the Dask dashboard"; the local
+    cluster starts none (and without bokeh there is none to start)."""
+    logger = logging.getLogger("prefect.task_runner.dask")
+    if not any(isinstance(f, _NoDashboard) for f in logger.filters):
+        logger.addFilter(_NoDashboard())

@@ -6,7 +6,8 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,7 @@ from rich.console import Console
 
 from pipeline.config import Config, ConfigError, load_config
 from pipeline.errors import SetupError
-from pipeline.progress import LogFormat, setup_logging
+from pipeline.progress import LogFormat, logs_to_file, setup_logging
 from pipeline.graph import ORDER, check_name
 from pipeline.storage import Corpus, LayoutError
 from pipeline.summary import print_summary, summarize
@@ -35,6 +36,25 @@ def _error(message: object) -> None:
 
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Warnings and errors only.")]
 JsonLogs = Annotated[bool, typer.Option("--json", help="Logs and results as JSON lines.")]
+
+
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Prefect's and Dask's logs on the "
+                                       "console too (by default they go to a file under the root).")]
+
+
+@contextlib.contextmanager
+def _build_output(mode: LogFormat, verbose: bool, root: str) -> Iterator[None]:
+    """By default a build shows its progress and summary; Prefect's, Dask's and ffmpeg's own
+    output goes to a log file under the root (beside it for a remote root)."""
+    if mode != "rich" or verbose:
+        yield
+        return
+    corpus = Corpus(root)
+    folder = Path(corpus.local_path("logs")) if corpus.is_local else Path("vlcorpus-logs")
+    path = folder / f"build-{datetime.now(UTC):%Y%m%d-%H%M%S}.log"
+    console.print(f"logs: {path}", highlight=False, markup=False)
+    with logs_to_file(path):
+        yield
 
 
 def _logging(quiet: bool, json_logs: bool) -> LogFormat:
@@ -86,6 +106,7 @@ def build(
                                                    "must be built).")] = None,
     quiet: Quiet = False,
     json_logs: JsonLogs = False,
+    verbose: Verbose = False,
 ) -> None:
     """Run the pipeline for CONFIG, resuming whatever an earlier run left."""
     mode = _logging(quiet, json_logs)
@@ -105,7 +126,7 @@ def build(
     from flows.services import prefect_server
 
     try:
-        with prefect_server():
+        with _build_output(mode, verbose, cfg.corpus_root(root)), prefect_server():
             from flows.build import run_build
 
             summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
@@ -127,6 +148,7 @@ def demo(
     port: Annotated[int, typer.Option(help="Port of the demo site on 127.0.0.1.")] = 8765,
     quiet: Quiet = False,
     json_logs: JsonLogs = False,
+    verbose: Verbose = False,
 ) -> None:
     """Generate narrated demo videos, serve them on 127.0.0.1 and build a corpus from them."""
     mode = _logging(quiet, json_logs)
@@ -134,7 +156,8 @@ def demo(
         check_name(until)
     from flows.demo import run_demo
 
-    summary = run_demo(root, n_videos=videos, seed=seed, until=until, port=port)
+    with _build_output(mode, verbose, str(root / "corpus")):
+        summary = run_demo(root, n_videos=videos, seed=seed, until=until, port=port)
     _emit(summary, mode)
 
 

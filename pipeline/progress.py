@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal, TypeVar
 
+from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import (
     BarColumn,
@@ -53,14 +57,54 @@ def setup_logging(mode: LogFormat = "rich", level: int = logging.INFO) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())
     else:
-        handler = RichHandler(show_path=False, rich_tracebacks=False, markup=False)
+        handler = RichHandler(console=terminal(), show_path=False, rich_tracebacks=False, markup=False)
     log.handlers[:] = [handler]
     log.setLevel(logging.WARNING if mode == "quiet" else level)
     log.propagate = False
 
 
+# The console people read. While a build's logs go to a file, standard error is that file (so
+# the processes it starts write there too) and this is the terminal it replaced.
+_terminal: Console | None = None
+
+
+def terminal() -> Console:
+    return _terminal or Console(stderr=True)
+
+
+@contextmanager
+def logs_to_file(path: Path) -> Iterator[Path]:
+    """Standard error of this process and of every process it starts (Prefect's server and
+    logs, Dask's workers, ffmpeg) goes to ``path``; the ``vlcorpus`` logger writes its warnings
+    to the terminal and everything to the file."""
+    global _terminal
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "a", encoding="utf-8") as file:
+        os.dup2(file.fileno(), 2)
+    stream = os.fdopen(os.dup(saved), "w", encoding="utf-8", buffering=1)
+    before = (_terminal, list(log.handlers), log.level)
+    _terminal = Console(file=stream, force_terminal=stream.isatty() or None)
+    to_file = logging.StreamHandler(sys.stderr)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    to_people = RichHandler(console=_terminal, show_path=False, rich_tracebacks=False, markup=False)
+    to_people.setLevel(logging.WARNING)
+    log.handlers[:] = [to_people, to_file]
+    log.setLevel(min(log.level, logging.INFO))
+    try:
+        yield path
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        _terminal, log.handlers[:], _ = before[0], before[1], log.setLevel(before[2])
+        stream.close()
+
+
 def progress_enabled() -> bool:
-    return _mode == "rich" and sys.stderr.isatty()
+    """Live bars: for a person at a terminal, in the default mode."""
+    return _mode == "rich" and terminal().is_terminal
 
 
 def track(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
@@ -100,11 +144,13 @@ class StepProgress:
 
 
 def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        transient=False,
-    )
+    return Progress(*COLUMNS, console=terminal())
+
+
+COLUMNS = (
+    TextColumn("{task.description}"),
+    BarColumn(),
+    MofNCompleteColumn(),
+    TimeElapsedColumn(),
+    TimeRemainingColumn(),
+)

@@ -19,6 +19,7 @@ from pipeline.demo.pages import index_html, page_html, write_text
 from pipeline.demo.scenes import candidate_scenes, lay_out, scene_count
 from pipeline.demo.sound import MUSIC_NOTE_MS, MUSIC_NOTES_HZ, timed_speech
 from pipeline.demo.speech import INSTALL_HINT, espeak_library, synthesize_fresh
+from pipeline.progress import terminal
 
 
 def check_tools() -> None:
@@ -73,7 +74,7 @@ def make_demo_media(out_dir: Path, n_videos: int = 4, seed: int = 0, quiet: bool
     workers = min(n_videos, os.cpu_count() or 1)
     # Threads suffice: the work happens in child processes (speech, then ffmpeg).
     columns = [TextColumn("demo videos"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, disable=quiet) as progress, ThreadPoolExecutor(workers) as pool:
+    with Progress(*columns, disable=quiet, console=terminal()) as progress, ThreadPoolExecutor(workers) as pool:
         task = progress.add_task("demo", total=n_videos)
         futures = [pool.submit(_build_video, out_dir, i, seed) for i in range(n_videos)]
         videos = []

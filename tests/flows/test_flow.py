@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -102,3 +103,27 @@ def test_each_stage_is_a_flow_and_a_build_is_a_chain_per_partition(prefect_harne
         downloads, transcribes = by_name[f"download p{label}"], by_name[f"transcribe p{label}"]
         assert len(downloads) == 3 and len(transcribes) == 2  # alone, pipelined, staged
         assert downloads[1].end_time <= transcribes[0].start_time
+
+
+def test_a_build_run_publishes_its_progress_and_summary_as_artifacts(prefect_harness, kit_stages,
+                                                                     memory_root):
+    from prefect.client.orchestration import get_client
+
+    corpus = Corpus(memory_root)
+    stagekit.make_videos(corpus, 8, extra=("bad1",), partitions=4)
+    started = datetime.now(UTC)
+    run_build(_config(memory_root), until="transcribe")
+    with get_client(sync_client=True) as client:
+        names: dict = {}
+        run = [r for r in _runs(client, names) if r.start_time and r.start_time >= started
+               and names[r.flow_id] == "build_corpus"][-1]
+        artifacts = {a.key: a for a in client.read_artifacts(limit=200) if a.flow_run_id == run.id}
+    progress = {key: a for key, a in artifacts.items() if a.type == "progress"}
+    assert set(progress) == {"stage-download", "stage-transcribe"}
+    assert all(a.data == 100.0 for a in progress.values())
+    assert progress["stage-download"].description.startswith("download: 4/4 partitions, 8 done, 1 failed")
+    tables = json.loads(artifacts["tables"].data)
+    assert {row["table"]: row["rows"] for row in tables}["videos"] == 9
+    errors = json.loads(artifacts["errors"].data)
+    assert errors == [{"stage": "download", "kind": "bad_input", "items": 1}]
+    assert artifacts["build"].type == "markdown" and "1 failed items" in artifacts["build"].data

@@ -1,0 +1,107 @@
+"""What a build shows while it runs, fed by the flow as partition tasks finish: one line per
+stage on the terminal (live bars for a person, plain lines at a bounded rate otherwise) and a
+Prefect progress artifact per stage, so a scheduled run shows where it is in the UI."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from rich.progress import Progress, TextColumn
+
+from pipeline.progress import COLUMNS, progress_enabled, terminal
+
+# A build's output read by a program (CI, a scheduler's log): one line per stage at most this
+# often, and when the stage ends.
+PLAIN_EVERY_S = 30.0
+
+
+@dataclass
+class StageProgress:
+    partitions: int
+    done: int = 0
+    before: int = 0  # items done by earlier runs
+    ok: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+    artifact: UUID | None = None
+    printed: float = 0.0
+
+    def line(self, stage: str) -> str:
+        elapsed = time.monotonic() - self.started
+        rate = f", {self.ok / elapsed:.1f}/s" if elapsed > 0 and self.ok else ""
+        return (f"{stage}: {self.done}/{self.partitions} partitions, {self.ok} done, "
+                f"{self.failed} failed, {self.before} done before{rate}")
+
+
+class BuildProgress:
+    """Per stage: partitions finished, items done and failed, rate; shown and published."""
+
+    def __init__(self, stages: list[str], partitions: int, artifacts: bool = True) -> None:
+        self.stages = {name: StageProgress(partitions) for name in stages}
+        self._artifacts = artifacts
+        self._bars: Progress | None = None
+        self._tasks: dict[str, Any] = {}
+        if progress_enabled():
+            self._bars = Progress(TextColumn("{task.fields[status]}"), *COLUMNS, console=terminal())
+            for name in stages:
+                self._tasks[name] = self._bars.add_task(name, total=partitions, status="")
+            self._bars.start()
+        if artifacts:
+            for name, stage in self.stages.items():
+                stage.artifact = create_progress_artifact(
+                    0.0, key=f"stage-{name}", description=f"{name}: 0/{partitions} partitions")
+
+    def finished(self, result: dict[str, Any]) -> None:
+        """A partition task's report (flows.build.partition_task)."""
+        stage = self.stages[result["stage"]]
+        stage.done += 1
+        for report in result["parts"].values():
+            stage.before += report["skipped_done"]
+            stage.ok += report["ok"]
+            stage.failed += sum(report["errors"].values())
+        stage.seconds += result["seconds"]
+        self._show(result["stage"], stage)
+
+    def _show(self, name: str, stage: StageProgress) -> None:
+        line = stage.line(name)
+        if self._bars is not None:
+            self._bars.update(self._tasks[name], completed=stage.done,
+                              status=f"{stage.ok} done, {stage.failed} failed")
+        elif time.monotonic() - stage.printed >= PLAIN_EVERY_S or stage.done == stage.partitions:
+            terminal().print(line, markup=False, highlight=False, soft_wrap=True)
+            stage.printed = time.monotonic()
+        if stage.artifact is not None:
+            update_progress_artifact(stage.artifact, 100.0 * stage.done / stage.partitions,
+                                     description=line)
+
+    def close(self) -> None:
+        if self._bars is not None:
+            self._bars.stop()
+
+
+def publish_summary(summary: dict[str, Any], report_url: str | None) -> None:
+    """The build's end as Prefect artifacts of its flow run: rows per table, errors by stage
+    and kind, and a link to the report."""
+    create_table_artifact([{"table": name, "rows": rows} for name, rows in summary["tables"].items()],
+                          key="tables", description=f"Rows per table of {summary['root']}")
+    errors = [{"stage": stage, "kind": kind, "items": n}
+              for stage, kinds in summary["errors"].items() for kind, n in kinds.items()]
+    create_table_artifact(errors or [{"stage": "-", "kind": "none", "items": 0}], key="errors",
+                          description="Failed items by stage and kind (the errors table)")
+    lines = [f"# Corpus {summary['root']}", ""]
+    lines += [f"- **{name}**: {rows} rows" for name, rows in summary["tables"].items()]
+    failed = sum(e["items"] for e in errors)
+    lines += ["", f"{failed} failed items (see the errors artifact)."]
+    if report_url:
+        lines += ["", f"[The corpus report]({report_url}): tables, errors, figures."]
+    create_markdown_artifact("\n".join(lines), key="build", description="What this build left")
