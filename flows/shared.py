@@ -20,10 +20,10 @@ from pipeline.limits import Backend, State
 _ensured: set[tuple[str, int, float | None]] = set()
 _lock = threading.Lock()
 
-# A held slot's lease, renewed by its holder while held: a killed holder's slot frees after
-# this (and the server's next sweep, every 15 s) instead of Prefect's default 300 s, which
-# made the rerun of a killed build wait five minutes for its own downloads.
-LEASE_S = 30.0
+# A held slot's lease, renewed by its holder while held: a killed holder's slot frees after a
+# minute (the least the server takes; it sweeps every 15 s) instead of Prefect's default five,
+# which the rerun of a killed build spent waiting for its own downloads' slots.
+LEASE_S = 60.0
 
 
 def ensure_limit(name: str, limit: int, decay_per_s: float | None = None) -> None:
