@@ -56,8 +56,10 @@ def train_corpus(corpus: Corpus, cfg: Config, out: Path | None = None, device: s
                  shards: str | None = None, eval_on: EvalOn = "test") -> dict[str, Any]:
     if cfg.train is None:
         raise ValueError("the config has no `train` section")
+    source = (f"pairs file {pairs_file}" if pairs_file else f"shards {shards}" if shards
+              else "the corpus's features tables")
     return train(pairs_for(corpus, cfg, pairs_file, shards), cfg.train, out or default_out(corpus, cfg),
-                 device=device, resume=resume, eval_on=eval_on)
+                 device=device, resume=resume, eval_on=eval_on, source=source)
 
 
 def evaluate_corpus(corpus: Corpus, cfg: Config, checkpoint: Path | None = None,

@@ -65,6 +65,10 @@ def test_each_family_beats_random(model, tmp_path):
     assert result["mc_acc"] > 40.0 and result["mc_rule"] == "other_videos"  # random: 20%
     written = json.loads((tmp_path / "metrics.json").read_text())
     assert {"t2v", "v2t", "mc_acc", "curve", "selected"} <= set(written)
+    # What it trained on, for the report: the config and the pairs per split.
+    assert written["config"]["model"] == model and written["config"]["visual"] == "v"
+    assert written["data"]["pairs"] == {"test": 50, "train": 150}
+    assert (written["data"]["visual_dim"], written["data"]["text_dim"]) == (32, 24)
     assert [p["epoch"] for p in written["curve"]] == list(range(5))
     assert written["selected"]["by"] == "last" and written["selected"]["epoch"] == 4
     assert (tmp_path / "curve.png").stat().st_size > 0
