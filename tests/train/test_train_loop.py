@@ -269,3 +269,22 @@ def test_cli_eval_on_flag(tmp_path):
     done = runner.invoke(app, ["train", str(config), "--device", "cpu", "--eval-on", "all"])
     assert done.exit_code == 0, done.output
     assert json.loads((root / "train" / "nce" / "metrics.json").read_text())["split"] == "all"
+
+
+def test_the_report_reads_what_training_writes(tmp_path):
+    """metrics.json as the trainer writes it is what the report's training section shows."""
+    from pipeline.report.plots import curve_plot, recall_plot
+    from pipeline.report.runs import training_runs
+    from pipeline.storage import Corpus
+
+    pairs = synth_pairs(val_groups=4)
+    train(pairs, cfg("nce", epochs=2, select="val_recall"), tmp_path / "train" / "nce", device="cpu",
+          source="a test")
+    (run,) = training_runs(Corpus(str(tmp_path)))
+    assert (run["model"], run["visual"], run["text"], run["source"]) == ("nce", ["v"], "t", "a test")
+    assert run["pairs"] == {"train": 130, "val": 20, "test": 50} and run["dims"] == [32, 24]
+    assert [d["direction"] for d in run["directions"]] == ["t2v", "v2t"]
+    assert run["chance"]["R@1"] == 2.0 and run["n_test"] == 50
+    assert run["selected"]["by"] == "val_recall" and [p["epoch"] for p in run["curve"]] == [0, 1]
+    assert all(p["val"] is not None for p in run["curve"])
+    assert recall_plot(run).startswith("data:image/png") and curve_plot(run).startswith("data:image/png")
