@@ -58,7 +58,12 @@ def hist_plot(title: str, hist: dict[str, Any], unit: str) -> str | None:
 
 
 def timing_plot(rows: list[dict[str, Any]]) -> str | None:
-    """Wall seconds per part (first task to last) beside its task seconds (summed)."""
+    """Wall seconds per stage (first task to last) beside its task seconds (summed); one bar
+    for featurize however many extractors share its tasks."""
+    stages: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        stages.setdefault(row["stage"] if row["shared"] else row["part"], row)
+    rows = [{**row, "part": label} for label, row in stages.items()]
     if not rows or not any(r["wall_s"] or r["task_s"] for r in rows):
         return None
     figure, axes = _axes(6, 0.55 * len(rows) + 1.2)

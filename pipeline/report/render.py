@@ -22,9 +22,11 @@ def human_bytes(n: int | float) -> str:
 
 
 def human_seconds(s: float | None) -> str:
-    """12.34 -> '12.3 s', 245 -> '4 min 05 s', 7380 -> '2 h 03 min'."""
+    """0.042 -> '0.04 s', 12.34 -> '12.3 s', 245 -> '4 min 05 s', 7380 -> '2 h 03 min'."""
     if s is None:
         return "–"
+    if s < 1:
+        return f"{s:.2f} s"
     if s < 60:
         return f"{s:.1f} s"
     if s < 3600:
@@ -62,11 +64,17 @@ def when(stamp: str | None) -> str:
     return stamp
 
 
+def workers(names: list[str]) -> str:
+    """Dask worker names; a local cluster's are numbers, shown as '#0'."""
+    return ", ".join(f"#{n}" if str(n).isdigit() else str(n) for n in names) or "–"
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("pipeline.report", "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(bytes=human_bytes, seconds=human_seconds, number=number, when=when)
+    env.filters.update(bytes=human_bytes, seconds=human_seconds, number=number, when=when,
+                       workers=workers)
     return env
 
 

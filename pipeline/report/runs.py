@@ -30,7 +30,8 @@ def _json(corpus: Corpus, path: str) -> Any:
 
 def build_timing(corpus: Corpus) -> dict[str, Any] | None:
     """Per part of the newest build: wall and task seconds, partitions, workers, items done
-    and failed, and throughput (videos/min for download, clips/s for featurize, items/s else)."""
+    and failed, and throughput (videos/min for download, clips/s for each featurize extractor,
+    items/s else). Times are per stage: featurize's extractors share theirs (``shared``)."""
     paths = sorted(corpus.fs.glob(corpus.path("runs/build/*.json")))
     if not paths:
         return None
@@ -52,6 +53,8 @@ def build_timing(corpus: Corpus) -> dict[str, Any] | None:
             "stopped": part.get("stopped"),
         })
     rows.sort(key=lambda r: (ORDER.index(r["stage"]), r["part"]))
+    for row in rows:  # featurize's extractors run in the same tasks: their time is the stage's
+        row["shared"] = sum(r["stage"] == row["stage"] for r in rows) > 1
     return {"build": record.get("finished", posixpath.basename(paths[-1])[:-5]),
             "file": posixpath.relpath(paths[-1], corpus.path()), "builds": len(paths), "stages": rows}
 
@@ -84,19 +87,35 @@ def shard_listing(corpus: Corpus) -> dict[str, dict[str, Any]]:
 
 
 def training_runs(corpus: Corpus) -> list[dict[str, Any]]:
-    """Each ``train/<model>/metrics.json``: the model, its features and pairs, the test metrics
-    with chance levels, and the curve."""
+    """Each ``train/<model>/``: from its metrics.json, the model, its features and pairs, the
+    test metrics with chance levels, and the curve; with ``skipped.json`` (the newest build
+    had too little data to train), why."""
+    folders = sorted({posixpath.dirname(path) for name in ("metrics.json", "skipped.json")
+                      for path in corpus.fs.glob(corpus.path("train", "*", name))})
     runs = []
-    for path in sorted(corpus.fs.glob(corpus.path("train/*/metrics.json"))):
-        folder = posixpath.relpath(posixpath.dirname(path), corpus.path())
+    for folder in folders:
+        relative = posixpath.relpath(folder, corpus.path())
+        name = posixpath.basename(folder)
         try:
-            metrics = _json(corpus, path)
-        except (OSError, ValueError) as exc:
-            runs.append({"model": posixpath.basename(folder), "folder": folder, "problem": f"unreadable: {exc}",
-                         "directions": []})
+            skipped = _optional_json(corpus, posixpath.join(folder, "skipped.json"))
+            metrics = _optional_json(corpus, posixpath.join(folder, "metrics.json"))
+        except (OSError, ValueError) as exc:  # written by hand, or cut off
+            runs.append(_problem(name, relative, f"unreadable: {exc}"))
             continue
-        runs.append(_training_run(posixpath.basename(folder), folder, metrics))
+        skip = skipped.get("reason", "") if skipped else None
+        if metrics is None:
+            runs.append(_problem(name, relative, f"training was skipped: {skip}"))
+        else:
+            runs.append({**_training_run(name, relative, metrics), "skipped": skip})
     return runs
+
+
+def _optional_json(corpus: Corpus, path: str) -> Any:
+    return _json(corpus, path) if corpus.fs.exists(path) else None
+
+
+def _problem(name: str, folder: str, problem: str) -> dict[str, Any]:
+    return {"model": name, "folder": folder, "problem": problem, "directions": []}
 
 
 def _training_run(name: str, folder: str, metrics: dict[str, Any]) -> dict[str, Any]:

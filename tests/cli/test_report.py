@@ -33,26 +33,27 @@ TRANSCRIBE_ERRORS = {"aa-t1": "ffprobe: invalid data at byte 1234 in /media/aa-t
 
 
 def _build_record(corpus: Corpus, transcribed: StageReport, aligned: StageReport) -> None:
-    """A runs/build record as a pipelined build writes it: StageTotals over partition task
-    results (download as the demo corpus's run went; featurize as if resnet34 ran)."""
+    """runs/build records as a pipelined build writes them (StageTotals over partition task
+    results): download as the demo corpus's run went, featurize as if two extractors ran."""
     from flows.build import StageTotals, record_run
 
-    downloaded = StageReport("download", items=4, ok=2, errors={"bad_input": 1, "permanent": 1},
-                             total=4, todo=4)
-    featurized = StageReport("featurize:resnet34", items=aligned.rows, ok=aligned.rows,
-                             rows=aligned.rows, total=aligned.rows, todo=aligned.rows)
+    clips = aligned.rows
+    stages = {  # stage: (its parts as a partition task reports them, start, seconds)
+        "download": ([StageReport("download", items=4, ok=2, errors={"bad_input": 1, "permanent": 1},
+                                  total=4, todo=4)], 1000.0, 30.0),
+        "transcribe": ([transcribed], 1010.0, 4.0),
+        "align": ([aligned], 1020.0, 2.0),
+        "featurize": ([StageReport(f"featurize:{key}", items=clips, ok=clips, rows=clips, total=clips,
+                                   todo=clips) for key in ("resnet34", "text_minilm")], 1025.0, 10.0),
+    }
     reports = {}
-    for stage, part, began, seconds in (("download", downloaded, 1000.0, 30.0),
-                                        ("transcribe", transcribed, 1010.0, 4.0),
-                                        ("align", aligned, 1020.0, 2.0),
-                                        ("featurize", featurized, 1025.0, 10.0)):
+    for stage, (parts, began, seconds) in stages.items():
         totals = StageTotals()
-        # Two partition tasks on two workers: wall time is their span, task time their sum.
-        for worker, share, start in (("w1", 0.5, began), ("w2", 0.5, began + seconds / 2)):
-            half = StageReport(part.stage, items=part.items, ok=part.ok, rows=part.rows,
-                               errors=part.errors) if share == 0.5 and worker == "w1" else \
-                StageReport(part.stage)
-            totals.add({"stage": stage, "partition": "00000", "parts": {part.stage: asdict(half)},
+        # Two tasks on two workers, one after the other (the second found nothing left to do):
+        # wall time is their span, task time their sum.
+        for worker, start, work in (("w1", began, parts),
+                                    ("w2", began + seconds / 2, [StageReport(p.stage) for p in parts])):
+            totals.add({"stage": stage, "partition": "00000", "parts": {p.stage: asdict(p) for p in work},
                         "released": 0, "worker": worker, "seconds": seconds / 2, "began": start})
         reports.update(totals.as_dicts())
     corpus.write_text(f"runs/build/{OLD_BUILD}.json", json.dumps({"finished": OLD_BUILD, "stages": {}}))
@@ -177,8 +178,9 @@ def test_stats_json_has_timing_errors_shards_and_training(reported):
     timing, stamp = stats["timing"], _newest_build(reported)
     assert (timing["build"], timing["file"], timing["builds"]) == (stamp, f"runs/build/{stamp}.json", 2)
     rows = {r["part"]: r for r in timing["stages"]}
-    assert list(rows) == ["download", "transcribe", "align", "featurize:resnet34"]
+    assert list(rows) == ["download", "transcribe", "align", "featurize:resnet34", "featurize:text_minilm"]
     download, featurize = rows["download"], rows["featurize:resnet34"]
+    assert [r["shared"] for r in rows.values()] == [False, False, False, True, True]
     assert (download["wall_s"], download["task_s"], download["partitions"], download["workers"]) == \
         (30.0, 30.0, 2, ["w1", "w2"])
     assert (download["done"], download["failed"], download["rate"], download["unit"]) == (2, 2, 4.0, "videos/min")
@@ -226,6 +228,7 @@ def test_page_shows_each_section(reported):
     assert f"Build finished {finished:%Y-%m-%d %H:%M:%S} UTC" in timing and "the newest of 2 builds" in timing
     assert "download 30.0 s 30.0 s 2 w1, w2 2 videos 2" in timing and "4.00 videos/min" in timing
     assert "clips/s" in timing and "videos/s" in timing
+    assert "featurize:text_minilm 10.0 s * 10.0 s *" in timing and "same partition tasks" in timing
     errors = _text(page, "errors")
     assert "5 failed items in 3 groups" in errors
     assert "transcribe · bad_input 2 items" in errors and "download · bad_input 1 item " in errors
@@ -245,7 +248,16 @@ def test_page_shows_each_section(reported):
     assert sum(link.startswith("data:image/png;base64,") for link in page.links) >= 7
 
 
-def test_page_without_training_or_builds_says_so(reported):
+def test_page_says_when_training_was_skipped_or_not_run(reported):
+    reported.write_text("train/wal/skipped.json", json.dumps({"reason": "too few <pairs>", "time": "x"}))
+    write_report(StageContext(reported, None))
+    training = _text(_Page(_page(reported)), "training")
+    assert "The newest build's training was skipped (too few <pairs>)" in training
+    assert "text → video 37.5" in training  # the earlier run's metrics, still shown
+    reported.fs.rm(reported.path("train/wal/metrics.json"))
+    write_report(StageContext(reported, None))
+    assert "wal train/wal training was skipped: too few <pairs>" in _text(_Page(_page(reported)), "training")
+
     reported.fs.rm(reported.path("train"), recursive=True)
     reported.fs.rm(reported.path("runs/build"), recursive=True)
     write_report(StageContext(reported, None))

@@ -288,3 +288,42 @@ def test_the_report_reads_what_training_writes(tmp_path):
     assert run["selected"]["by"] == "val_recall" and [p["epoch"] for p in run["curve"]] == [0, 1]
     assert all(p["val"] is not None for p in run["curve"])
     assert recall_plot(run).startswith("data:image/png") and curve_plot(run).startswith("data:image/png")
+
+
+def test_the_build_train_step_leaves_why_it_skipped_for_the_report(tmp_path):
+    """Too little data (here no test split) skips training and leaves train/<model>/skipped.json,
+    which the report shows; a training that runs removes it."""
+    from pipeline.config import parse_config
+    from pipeline.report.runs import training_runs
+    from pipeline.runner import StageContext
+    from pipeline.storage import Corpus
+    from pipeline.train.run import train_step
+
+    corpus = Corpus(str(tmp_path / "root"))
+    corpus.init_partitions(1)
+    rng = np.random.default_rng(0)
+
+    def write_clips(splits):
+        corpus.fs.rm(corpus.path("clips"), recursive=True) if corpus.fs.exists(corpus.path("clips")) else None
+        clips = [{"clip_id": f"syn-v{i:02d}-0-3000", "video_id": f"syn-v{i:02d}", "start_s": 0.0, "end_s": 3.0,
+                  "text": f"s{i}", "source": "manual", "policy": "fixed", "split": split}
+                 for i, split in enumerate(splits)]
+        corpus.write_partitioned("clips", clips, "syn", done=[c["video_id"] for c in clips])
+        return [c["clip_id"] for c in clips]
+
+    ids = write_clips(["train"] * 24)
+    for table, extractor, dim in (("features/resnet34", "resnet34", 8), ("features/text_x", "text:x", 6)):
+        corpus.write_partitioned(table, [{"clip_id": c, "extractor": extractor, "weights": "none", "shape": [dim],
+                                          "values": rng.normal(size=dim).astype("float16")} for c in ids],
+                                 "syn", done=ids)
+    cfg = parse_config({"name": "syn", "sources": [{"type": "urls", "urls": ["http://127.0.0.1/x"]}],
+                        "features": {"extractors": [{"name": "resnet34", "weights": "none"}, {"name": "text:x"}]},
+                        "train": {"model": "nce", "visual": "resnet34", "text": "text:x", "epochs": 1,
+                                  "batch_size": 8, "embed_dim": 8, "finetune": False}})
+    skipped = train_step(StageContext(corpus, cfg))
+    (run,) = training_runs(corpus)
+    assert run["problem"] == f"training was skipped: {skipped['skipped']}" and "test" in skipped["skipped"]
+    write_clips(["train"] * 16 + ["test"] * 8)
+    assert "t2v" in train_step(StageContext(corpus, cfg))
+    (run,) = training_runs(corpus)
+    assert run["problem"] is None and run["skipped"] is None and run["pairs"] == {"train": 16, "test": 8}
