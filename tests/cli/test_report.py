@@ -242,7 +242,7 @@ def test_page_shows_each_section(reported):
     assert "wal train/wal" in training and "resnet34" in training and "text_all-MiniLM-L6-v2" in training
     assert "train 40 · val 8 · test 8" in training and "from the corpus's features tables" in training
     assert "text → video 37.5 75.0 100.0 2.0" in training and "chance 12.5 62.5 100.0 4.5" in training
-    assert "epoch 2, selected by val_recall" in training and "62.5 % (chance 20.0 %)" in training
+    assert "epoch 2, the best by val_recall on the val split" in training and "62.5 % (chance 20.0 %)" in training
     assert HOSTILE in _text(page, "samples") and HOSTILE_TITLE in _text(page, "samples")
     # Pictures: the histograms, drop reasons, errors, timing, recall and curve at least.
     assert sum(link.startswith("data:image/png;base64,") for link in page.links) >= 7
