@@ -4,7 +4,7 @@
 download → transcribe → align → featurize → shard is a chain of tasks on the Dask cluster,
 with at most ``execution.max_inflight_partitions`` chains at once, so one partition is
 featurized while the next downloads, and (with ``storage.keep_media: false``) only that many
-partitions hold media. Then the shard listings, the report and training. With
+partitions hold media. Then the shard listings, training and the report. With
 ``execution.pipelined: false`` it runs each stage's flow over the whole corpus in turn instead;
 a stage flow alone is ``vlcorpus build --stage NAME`` or a deployment entrypoint.
 
@@ -289,8 +289,8 @@ def build_corpus(
     until: str | None = None,
     retry_failed: bool = False,
 ) -> dict[str, Any]:
-    """Discover, the partition stages (pipelined, or a stage at a time), the report and
-    training, up to ``until``; returns the summary with each stage's report."""
+    """Discover, the partition stages (pipelined, or a stage at a time), training and the
+    report, up to ``until``; returns the summary with each stage's report."""
     cfg = resolve_config(config)
     corpus = _start(cfg, cfg.corpus_root(root))
     names = stages_until(until)

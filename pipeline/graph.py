@@ -30,8 +30,9 @@ GRAPH: tuple[StageSpec, ...] = (
     StageSpec("align", ("segments", "downloads", "videos"), "clips", "partition"),
     StageSpec("featurize", ("clips", "downloads"), FEATURES, "partition", media=True),
     StageSpec("shard", ("clips", FEATURES), None, "partition", media=True),
-    StageSpec("report", ("videos", "downloads", "segments", "clips", FEATURES), None, "corpus"),
     StageSpec("train", ("clips", FEATURES), None, "corpus"),
+    # Last, so that the page shows this build's training too.
+    StageSpec("report", ("videos", "downloads", "segments", "clips", FEATURES), None, "corpus"),
 )
 ORDER: tuple[str, ...] = tuple(spec.name for spec in GRAPH)
 SPECS: dict[str, StageSpec] = {spec.name: spec for spec in GRAPH}

@@ -10,7 +10,7 @@ from its keys, and compacts the partition's small files at the end. Errors are c
 before the rows that mark a batch done, so a kill between the two loses nothing: the batch is
 simply redone.
 
-Corpus-wide steps (discover, report, train) are a separate kind, ``Step``: one unit over the
+Corpus-wide steps (discover, train, report) are a separate kind, ``Step``: one unit over the
 whole corpus, whose failure is an errors row in the ``corpus`` partition like any item's.
 """
 

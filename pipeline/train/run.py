@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ from pipeline.storage import Corpus
 from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.evaluation import EvalOn
 from pipeline.train.loop import evaluate, train
+
+SKIPPED = "skipped.json"
 
 
 def listed_test_only(pairs: PairSet, clip_ids: set[str]) -> PairSet:
@@ -56,8 +60,10 @@ def train_corpus(corpus: Corpus, cfg: Config, out: Path | None = None, device: s
                  shards: str | None = None, eval_on: EvalOn = "test") -> dict[str, Any]:
     if cfg.train is None:
         raise ValueError("the config has no `train` section")
+    source = (f"pairs file {pairs_file}" if pairs_file else f"shards {shards}" if shards
+              else "the corpus's features tables")
     return train(pairs_for(corpus, cfg, pairs_file, shards), cfg.train, out or default_out(corpus, cfg),
-                 device=device, resume=resume, eval_on=eval_on)
+                 device=device, resume=resume, eval_on=eval_on, source=source)
 
 
 def evaluate_corpus(corpus: Corpus, cfg: Config, checkpoint: Path | None = None,
@@ -74,11 +80,17 @@ def train_step(ctx: StageContext) -> dict[str, Any]:
     cfg: Config = ctx.config
     if cfg.train is None:
         return {"skipped": "no train section"}
+    # Why the newest build did not train, for the report (train/<model>/skipped.json).
+    note = f"train/{cfg.train.model}/{SKIPPED}"
     try:
         metrics = train_corpus(ctx.corpus, cfg)
     except PairsError as exc:
         # Too little data to train on (or no test split) is a fact about this corpus, not a failed build.
         log.warning("train skipped: %s", exc)
+        ctx.corpus.write_text(note, json.dumps({"reason": str(exc), "time": time.strftime(
+            "%Y%m%dT%H%M%SZ", time.gmtime())}) + "\n")
         return {"skipped": str(exc)}
+    if ctx.corpus.fs.exists(ctx.corpus.path(note)):
+        ctx.corpus.fs.rm(ctx.corpus.path(note))
     keys = ("t2v", "v2t", "mc_acc", "n_test", "protocol", "split")
     return {**{k: metrics.get(k) for k in keys}, "out": str(default_out(ctx.corpus, cfg))}

@@ -66,6 +66,10 @@ def test_each_family_beats_random(model, tmp_path):
     assert result["mc_acc"] > 40.0 and result["mc_rule"] == "other_videos"  # random: 20%
     written = json.loads((tmp_path / "metrics.json").read_text())
     assert {"t2v", "v2t", "mc_acc", "curve", "selected"} <= set(written)
+    # What it trained on, for the report: the config and the pairs per split.
+    assert written["config"]["model"] == model and written["config"]["visual"] == "v"
+    assert written["data"]["pairs"] == {"test": 50, "train": 150}
+    assert (written["data"]["visual_dim"], written["data"]["text_dim"]) == (32, 24)
     assert [p["epoch"] for p in written["curve"]] == list(range(5))
     assert written["selected"]["by"] == "last" and written["selected"]["epoch"] == 4
     assert (tmp_path / "curve.png").stat().st_size > 0
@@ -275,3 +279,61 @@ def test_cli_eval_on_flag(tmp_path):
     done = runner.invoke(app, ["train", str(config), "--device", "cpu", "--eval-on", "all"])
     assert done.exit_code == 0, done.output
     assert json.loads((root / "train" / "nce" / "metrics.json").read_text())["split"] == "all"
+
+
+def test_the_report_reads_what_training_writes(tmp_path):
+    """metrics.json as the trainer writes it is what the report's training section shows."""
+    from pipeline.report.plots import curve_plot, recall_plot
+    from pipeline.report.runs import training_runs
+    from pipeline.storage import Corpus
+
+    pairs = synth_pairs(val_groups=4)
+    train(pairs, cfg("nce", epochs=2, select="val_recall"), tmp_path / "train" / "nce", device="cpu",
+          source="a test")
+    (run,) = training_runs(Corpus(str(tmp_path)))
+    assert (run["model"], run["visual"], run["text"], run["source"]) == ("nce", ["v"], "t", "a test")
+    assert run["pairs"] == {"train": 130, "val": 20, "test": 50} and run["dims"] == [32, 24]
+    assert [d["direction"] for d in run["directions"]] == ["t2v", "v2t"]
+    assert run["chance"]["R@1"] == 2.0 and run["n_test"] == 50
+    assert run["selected"]["by"] == "val_recall" and [p["epoch"] for p in run["curve"]] == [0, 1]
+    assert all(p["val"] is not None for p in run["curve"])
+    assert recall_plot(run).startswith("data:image/png") and curve_plot(run).startswith("data:image/png")
+
+
+def test_the_build_train_step_leaves_why_it_skipped_for_the_report(tmp_path):
+    """Too little data (here no test split) skips training and leaves train/<model>/skipped.json,
+    which the report shows; a training that runs removes it."""
+    from pipeline.config import parse_config
+    from pipeline.report.runs import training_runs
+    from pipeline.runner import StageContext
+    from pipeline.storage import Corpus
+    from pipeline.train.run import train_step
+
+    corpus = Corpus(str(tmp_path / "root"))
+    corpus.init_partitions(1)
+    rng = np.random.default_rng(0)
+
+    def write_clips(splits):
+        corpus.fs.rm(corpus.path("clips"), recursive=True) if corpus.fs.exists(corpus.path("clips")) else None
+        clips = [{"clip_id": f"syn-v{i:02d}-0-3000", "video_id": f"syn-v{i:02d}", "start_s": 0.0, "end_s": 3.0,
+                  "text": f"s{i}", "source": "manual", "policy": "fixed", "split": split}
+                 for i, split in enumerate(splits)]
+        corpus.write_partitioned("clips", clips, "syn", done=[c["video_id"] for c in clips])
+        return [c["clip_id"] for c in clips]
+
+    ids = write_clips(["train"] * 24)
+    for table, extractor, dim in (("features/resnet34", "resnet34", 8), ("features/text_x", "text:x", 6)):
+        corpus.write_partitioned(table, [{"clip_id": c, "extractor": extractor, "weights": "none", "shape": [dim],
+                                          "values": rng.normal(size=dim).astype("float16")} for c in ids],
+                                 "syn", done=ids)
+    cfg = parse_config({"name": "syn", "sources": [{"type": "urls", "urls": ["http://127.0.0.1/x"]}],
+                        "features": {"extractors": [{"name": "resnet34", "weights": "none"}, {"name": "text:x"}]},
+                        "train": {"model": "nce", "visual": "resnet34", "text": "text:x", "epochs": 1,
+                                  "batch_size": 8, "embed_dim": 8, "finetune": False}})
+    skipped = train_step(StageContext(corpus, cfg))
+    (run,) = training_runs(corpus)
+    assert run["problem"] == f"training was skipped: {skipped['skipped']}" and "test" in skipped["skipped"]
+    write_clips(["train"] * 16 + ["test"] * 8)
+    assert "t2v" in train_step(StageContext(corpus, cfg))
+    (run,) = training_runs(corpus)
+    assert run["problem"] is None and run["skipped"] is None and run["pairs"] == {"train": 16, "test": 8}
