@@ -206,15 +206,9 @@ def _phase_schedule(cfg: TrainConfig, epoch: int) -> LrSchedule:
     return finetune_schedule(cfg) if epoch >= cfg.epochs else schedule_for(cfg)
 
 
-<<<<<<< HEAD
 def train(pairs: PairSet, cfg: TrainConfig, out_dir: Path, device: str = "auto", resume: bool = True,
-          eval_on: EvalOn = "test") -> dict[str, Any]:
-    """Train `cfg.model` on the train split, checkpoint every epoch into
-=======
-def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume: bool = True,
           eval_on: EvalOn = "test", source: str | None = None) -> dict[str, Any]:
-    """Train `cfg.model` (a `TrainConfig`) on the train split, checkpoint every epoch into
->>>>>>> issue19-report
+    """Train `cfg.model` on the train split, checkpoint every epoch into
     out_dir/checkpoints (resuming from the newest when `resume`), keep the best epoch on the
     val split when `cfg.select` asks (best.pt), run S-MiT's second phase when `cfg.finetune`,
     evaluate the selected model on the test split and write out_dir/metrics.json and
@@ -292,11 +286,7 @@ def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume:
             "model": model.state_dict(), "optimizer": opt.state_dict(),
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
             "epoch": epoch, "step": step, "curve": curve,
-<<<<<<< HEAD
             "config": cfg.model_dump(mode="json"),
-=======
-            "config": _config_dict(cfg),
->>>>>>> issue19-report
             "visual_dim": pairs.visual_dim, "text_dim": pairs.text_dim,
         }
         if selecting:
@@ -317,7 +307,7 @@ def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume:
                                   **({} if cfg.select == "last" else {"note": f"no val split: {cfg.select} "
                                                                               f"needs 2 val pairs"})}
     result["curve"] = curve
-    result["config"] = _config_dict(cfg)
+    result["config"] = cfg.model_dump(mode="json")
     result["data"] = {"source": source, "visual_dim": pairs.visual_dim, "text_dim": pairs.text_dim,
                       "pairs": {split: pairs.splits.count(split) for split in sorted(set(pairs.splits))}}
     result["device"] = dev.type
@@ -325,10 +315,6 @@ def train(pairs: PairSet, cfg: Any, out_dir: Path, device: str = "auto", resume:
     result["torch_threads"] = torch.get_num_threads()
     write_outputs(out_dir, result)
     return result
-
-
-def _config_dict(cfg: Any) -> dict[str, Any]:
-    return cfg.model_dump(mode="json") if hasattr(cfg, "model_dump") else dict(cfg)
 
 
 def write_outputs(out_dir: Path, result: dict[str, Any]) -> None:
