@@ -8,7 +8,8 @@ a batch is either fully renamed into place or absent. Compaction merges a partit
 files into one, whose footer lists the files it replaces: that one rename is the commit, and
 the replaced files are deleted after it (or by the next sweep).
 
-``_corpus.json`` at the root records the layout version and the number of partitions.
+``_corpus.json`` at the root records the layout version and the number of partitions. What a
+file holds (rows checked against the schema, the footer) is pipeline/tablefile.py.
 """
 
 from __future__ import annotations
@@ -30,11 +31,18 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from pipeline import graph, partitions
+from pipeline.tablefile import (
+    MANIFEST_KEY,
+    REPLACES_KEY,
+    STATS_KEY,
+    batch_table,
+    footer,
+    merge,
+    read_keys,
+    rows_to_table,
+)
 from schemas.tables import key_column, schema_for
 
-MANIFEST_KEY = b"vlcorpus.done"
-STATS_KEY = b"vlcorpus.stats"
-REPLACES_KEY = b"vlcorpus.replaces"
 TMP_PREFIX = ".tmp-"
 COMPACT_PREFIX = "c-"
 LAYOUT_FILE = "_corpus.json"
@@ -44,39 +52,8 @@ LAYOUT_VERSION = 2
 COMPACT_BELOW_BYTES = 64 * 1024 * 1024
 
 
-class SchemaViolation(ValueError):
-    """Rows that do not fit their table's schema."""
-
-
 class LayoutError(ValueError):
     """A root this version cannot use as it is: another partition count, an older layout."""
-
-
-def rows_to_table(table: str, rows: list[dict] | pa.Table) -> pa.Table:
-    """Validate rows against the table schema and return them as an Arrow table."""
-    schema = schema_for(table)
-    if isinstance(rows, pa.Table):
-        if rows.schema.names != schema.names:
-            raise SchemaViolation(f"{table}: columns {rows.schema.names} != {schema.names}")
-        try:
-            data = rows.cast(schema)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-            raise SchemaViolation(f"{table}: {exc}") from exc
-    else:
-        allowed = set(schema.names)
-        for row in rows:
-            extra = set(row) - allowed
-            if extra:
-                raise SchemaViolation(f"{table}: unknown columns {sorted(extra)}")
-        try:
-            data = pa.Table.from_pylist(rows, schema=schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
-            raise SchemaViolation(f"{table}: {exc}") from exc
-    for field in schema:
-        if not field.nullable and data.column(field.name).null_count:
-            raise SchemaViolation(f"{table}: column {field.name!r} must not be null")
-    data.validate(full=True)
-    return data
 
 
 def partition_dir(label: str) -> str:
@@ -193,15 +170,8 @@ class Corpus:
         under a temporary name, then renamed, so readers never see half a batch. ``done`` lists
         the item keys the batch completes (items may produce no rows); ``stats`` holds per-item
         counters (such as drop reasons) that travel atomically with the rows."""
-        data = rows_to_table(table, rows)
-        metadata = dict(data.schema.metadata or {})
-        if done is not None:
-            metadata[MANIFEST_KEY] = _manifest(data, table, set(done))
-        if stats:
-            metadata[STATS_KEY] = json.dumps(dict(sorted(stats.items()))).encode()
-        directory = posixpath.join(table, partition_dir(partition))
-        return self.write_table(posixpath.join(directory, f"{name}.parquet"),
-                                data.replace_schema_metadata(metadata))
+        data = batch_table(table, rows, done, stats)
+        return self.write_table(posixpath.join(table, partition_dir(partition), f"{name}.parquet"), data)
 
     def write_partitioned(self, table: str, rows: list[dict], name: str,
                           done: Iterable[str] | None = None) -> list[str]:
@@ -287,40 +257,12 @@ class Corpus:
 
     def _rewrite(self, table: str, directory: str, replaces: list[str], sources: list[str],
                  new: pa.Table | None = None, new_done: set[str] | None = None) -> str:
-        schema = schema_for(table)
-        key = key_column(table)
-        parts, empty, stats, manifests = [], set(), {}, False
-        dropped = set(new_done or ())
-        for path in sources:
-            with self.fs.open(path, "rb") as handle:
-                parquet = pq.ParquetFile(handle)
-                meta = parquet.schema_arrow.metadata or {}
-                data = parquet.read().cast(schema)
-            if MANIFEST_KEY in meta:
-                manifests = True
-                empty |= set(json.loads(meta[MANIFEST_KEY]).get("empty", []))
-            stats.update(json.loads(meta.get(STATS_KEY, b"{}")))
-            if dropped:
-                data = data.filter(pc.invert(pc.is_in(data.column(key), pa.array(sorted(dropped)))))
-            parts.append(data.replace_schema_metadata(schema.metadata))
-        if new is not None:
-            parts.append(new)
-            manifests = True
-            for k in dropped:
-                stats.pop(k, None)
-        merged = pa.concat_tables(parts) if parts else schema.empty_table()
-        order = [(c, "ascending") for c in graph.PRIMARY_KEYS[graph.base(table)]]
-        merged = merged.sort_by(order)
-        metadata = dict(schema.metadata)
-        if manifests:
-            keys_in_rows = set(pc.unique(merged.column(key)).to_pylist())
-            metadata[MANIFEST_KEY] = _manifest(merged, table, keys_in_rows | (empty - dropped) | dropped)
-        if stats:
-            metadata[STATS_KEY] = json.dumps(dict(sorted(stats.items()))).encode()
-        metadata[REPLACES_KEY] = json.dumps(sorted(replaces)).encode()
+        """Commit the merge of ``sources`` (and ``new``) as one file named for what it
+        replaces, then delete the replaced files (a kill before that leaves them to sweep)."""
+        merged = merge(self.fs, table, sources, replaces, new, new_done)
         digest = hashlib.sha1("\n".join(sorted(replaces)).encode()).hexdigest()[:20]
         final = self.write_table(posixpath.join(self._relative(directory), f"{COMPACT_PREFIX}{digest}.parquet"),
-                                 merged.replace_schema_metadata(metadata), row_group_size=4096)
+                                 merged, row_group_size=4096)
         for name in replaces:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(posixpath.join(directory, name))
@@ -376,7 +318,7 @@ class Corpus:
         for name in present:
             if name.startswith(COMPACT_PREFIX):
                 with contextlib.suppress(FileNotFoundError):
-                    replaced |= set(self._footer(posixpath.join(directory, name), REPLACES_KEY) or [])
+                    replaced |= set(footer(self.fs, posixpath.join(directory, name), REPLACES_KEY) or [])
         return sorted(name for name in present if name not in replaced)
 
     def table_files(self, table: str, partition: str | None = None) -> list[str]:
@@ -401,21 +343,15 @@ class Corpus:
              partition: str | None = None) -> pa.Table:
         return self.dataset(table, partition).to_table(columns=columns, filter=filter)
 
-    def _footer(self, path: str, key: bytes) -> Any:
-        with self.fs.open(path, "rb") as handle:
-            metadata = pq.read_metadata(handle).metadata or {}
-        raw = metadata.get(key)
-        return None if raw is None else json.loads(raw)
-
     def file_manifest(self, path: str) -> dict[str, Any] | None:
         """The batch manifest of one committed file, read from its footer only."""
-        return self._footer(path, MANIFEST_KEY)
+        return footer(self.fs, path, MANIFEST_KEY)
 
     def stats(self, table: str, partition: str | None = None) -> dict[str, int]:
         """Per-item counters of ``table`` (or one partition), summed (e.g. drop reasons)."""
         totals: dict[str, int] = {}
         for path in self.table_files(table, partition):
-            for counters in (self._footer(path, STATS_KEY) or {}).values():
+            for counters in (footer(self.fs, path, STATS_KEY) or {}).values():
                 for name, n in counters.items():
                     totals[name] = totals.get(name, 0) + n
         return dict(sorted(totals.items()))
@@ -425,12 +361,8 @@ class Corpus:
         key = key_column(table)
         arrays = [pa.array([], pa.string())]
         for path in self.table_files(table, partition):
-            with self.fs.open(path, "rb") as handle:
-                parquet = pq.ParquetFile(handle)
-                arrays.append(parquet.read(columns=[key]).column(key).combine_chunks())
-                raw = (parquet.schema_arrow.metadata or {}).get(MANIFEST_KEY)
-            if raw:
-                arrays.append(pa.array(json.loads(raw).get("empty", []), pa.string()))
+            column, empty = read_keys(self.fs, path, key)
+            arrays += [column.combine_chunks(), pa.array(empty, pa.string())]
         return pc.unique(pa.concat_arrays([a.cast(pa.string()) for a in arrays]))
 
     def done(self, table: str, partition: str | None = None) -> dict[str, int]:
@@ -441,30 +373,17 @@ class Corpus:
         counts: dict[str, int] = {}
         for label in chosen:
             for path in self.table_files(table, label):
-                with self.fs.open(path, "rb") as handle:
-                    parquet = pq.ParquetFile(handle)
-                    column = parquet.read(columns=[key]).column(key)
-                    raw = (parquet.schema_arrow.metadata or {}).get(MANIFEST_KEY)
+                column, empty = read_keys(self.fs, path, key)
                 for entry in pc.value_counts(column).to_pylist():
                     counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
-                for empty in json.loads(raw).get("empty", []) if raw else []:
-                    counts.setdefault(empty, 0)
+                for k in empty:
+                    counts.setdefault(k, 0)
         return dict(sorted(counts.items()))
 
     def distinct(self, table: str, column: str, partition: str | None = None) -> list[str]:
         """Sorted distinct values of one column, read column-only."""
         values = self.read(table, columns=[column], partition=partition).column(column)
         return sorted(v for v in pc.unique(values).to_pylist() if v is not None)
-
-
-def _manifest(data: pa.Table, table: str, done: set[str]) -> bytes:
-    """Rows, keys, and the keys that produced no rows (those the key column cannot show)."""
-    in_rows = set(pc.unique(data.column(key_column(table))).to_pylist())
-    stray = in_rows - done
-    if stray:
-        raise SchemaViolation(f"{table}: rows of keys the batch does not complete: {sorted(stray)[:5]}")
-    return json.dumps({"rows": data.num_rows, "keys": len(done),
-                       "empty": sorted(done - in_rows)}).encode()
 
 
 def _base(path: str) -> str:

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 
 from pipeline import graph, partitions
 from pipeline.errors import ErrorKind
-from pipeline.storage import MANIFEST_KEY, Corpus, LayoutError
+from pipeline.storage import Corpus, LayoutError
+from pipeline.tablefile import MANIFEST_KEY
 from schemas.tables import SCHEMA_VERSION, key_column, schema_for
 
 LIMIT = 20  # violations of one kind listed before "... and N more"

@@ -12,7 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.storage import MANIFEST_KEY, STATS_KEY, Corpus
+from pipeline.storage import Corpus
+from pipeline.tablefile import MANIFEST_KEY, STATS_KEY
 from pipeline.validate import validate
 from schemas.tables import schema_for
 

@@ -79,7 +79,7 @@ def test_new_inputs_are_picked_up_incrementally(memory_root):
 
 def test_rejected_rows_fail_the_commit_not_silently(memory_root):
     corpus = Corpus(memory_root)
-    from pipeline.storage import SchemaViolation
+    from pipeline.tablefile import SchemaViolation
 
     with pytest.raises(SchemaViolation, match="unknown columns"):
         corpus.write_batch("videos", [{"video_id": "a", "titel": "x"}], "b", "00000")
