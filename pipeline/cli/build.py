@@ -1,0 +1,102 @@
+"""``vlcorpus build`` and ``vlcorpus demo``: the commands that run the pipeline."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pipeline.cli.common import JsonLogs, Quiet, _emit, _error, _logging, app, console
+from pipeline.config import ConfigError, load_config
+from pipeline.errors import SetupError
+from pipeline.graph import ORDER, check_name
+from pipeline.progress import LogFormat, logs_to_file
+from pipeline.storage import Corpus, LayoutError
+
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Prefect's and Dask's logs on the "
+                                       "console too (by default they go to a file under the root).")]
+
+
+@contextlib.contextmanager
+def _build_output(mode: LogFormat, verbose: bool, root: str) -> Iterator[None]:
+    """By default a build shows its progress and summary; Prefect's, Dask's and ffmpeg's own
+    output goes to a log file under the root (beside it for a remote root)."""
+    if mode != "rich" or verbose:
+        yield
+        return
+    corpus = Corpus(root)
+    folder = Path(corpus.local_path("logs")) if corpus.is_local else Path("vlcorpus-logs")
+    path = folder / f"build-{datetime.now(UTC):%Y%m%d-%H%M%S}.log"
+    console.print(f"logs: {path}", highlight=False, markup=False)
+    with logs_to_file(path):
+        yield
+
+
+@app.command()
+def build(
+    config: Annotated[Path, typer.Argument(help="YAML config file.", exists=True, dir_okay=False)],
+    root: Annotated[str | None, typer.Option(help="Corpus root (path or fsspec URL).")] = None,
+    until: Annotated[str | None, typer.Option(help=f"Last stage: {', '.join(ORDER)}.")] = None,
+    dask_address: Annotated[str | None, typer.Option(help="Existing Dask scheduler.")] = None,
+    retry_failed: Annotated[bool, typer.Option(help="Retry permanent failures too.")] = False,
+    stage: Annotated[str | None, typer.Option(help="Run this stage's flow alone (its inputs "
+                                                   "must be built).")] = None,
+    quiet: Quiet = False,
+    json_logs: JsonLogs = False,
+    verbose: Verbose = False,
+) -> None:
+    """Run the pipeline for CONFIG, resuming whatever an earlier run left."""
+    mode = _logging(quiet, json_logs)
+    try:
+        cfg = load_config(config)
+        cfg.corpus_root(root)
+        for name in (until, stage):
+            if name is not None:
+                check_name(name)
+        if until is not None and stage is not None:
+            raise ValueError("--until and --stage exclude each other")
+    except (ConfigError, ValueError) as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
+    # Prefect is imported only when a build runs; its temporary server starts while the flows
+    # are imported.
+    from flows.services import prefect_server
+
+    try:
+        with _build_output(mode, verbose, cfg.corpus_root(root)), prefect_server():
+            from flows.build import run_build
+
+            summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
+                                retry_failed=retry_failed, stage=stage)
+    except (SetupError, LayoutError) as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
+    _emit(summary, mode)
+
+
+@app.command()
+def demo(
+    root: Annotated[Path, typer.Option(help="Where the demo site and corpus go.")] = Path(
+        "demo-corpus"
+    ),
+    videos: Annotated[int, typer.Option(min=1, help="Narrated videos to generate.")] = 12,
+    seed: Annotated[int, typer.Option(help="Seed of the generated videos.")] = 0,
+    until: Annotated[str | None, typer.Option(help="Last stage.")] = None,
+    port: Annotated[int, typer.Option(help="Port of the demo site on 127.0.0.1.")] = 8765,
+    quiet: Quiet = False,
+    json_logs: JsonLogs = False,
+    verbose: Verbose = False,
+) -> None:
+    """Generate narrated demo videos, serve them on 127.0.0.1 and build a corpus from them."""
+    mode = _logging(quiet, json_logs)
+    if until is not None:
+        check_name(until)
+    from flows.demo import run_demo
+
+    with _build_output(mode, verbose, str(root / "corpus")):
+        summary = run_demo(root, n_videos=videos, seed=seed, until=until, port=port)
+    _emit(summary, mode)

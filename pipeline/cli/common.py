@@ -1,0 +1,97 @@
+"""The one ``vlcorpus`` app and what its commands share: messages, logging, printing a build's
+summary, and finding the corpus and config a command is pointed at.
+
+Commands import what they use inside their bodies (Prefect, torch, the stages), so that
+``vlcorpus --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from pipeline.config import Config, ConfigError, load_config
+from pipeline.progress import LogFormat, setup_logging
+from pipeline.storage import Corpus
+from pipeline.summary import print_summary
+
+app = typer.Typer(
+    help="Build video-text corpora: discover, download, transcribe, align, featurize, shard.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+# Soft wrap: paths and commands in messages stay whole on one line, to copy or grep.
+console = Console(stderr=True, soft_wrap=True)
+
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Warnings and errors only.")]
+JsonLogs = Annotated[bool, typer.Option("--json", help="Logs and results as JSON lines.")]
+Root = Annotated[str | None, typer.Option(help="Corpus root (default: the config's).")]
+
+
+def _error(message: object) -> None:
+    """A message in red, printed as it is (no rich markup: it may hold brackets)."""
+    console.print(str(message), style="red", markup=False, highlight=False)
+
+
+def _logging(quiet: bool, json_logs: bool) -> LogFormat:
+    mode: LogFormat = "json" if json_logs else "quiet" if quiet else "rich"
+    setup_logging(mode)
+    # Dask's cluster chatter is noise to a user; workers read this when they start.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+    if mode != "rich":
+        # Prefect's own run logs follow the same choice.
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    return mode
+
+
+def _emit(summary: dict, mode: LogFormat) -> None:
+    if mode == "json":
+        print(json.dumps(summary, default=str))
+        return
+    out = Console()
+    print_summary(summary, out)
+    stages = summary.get("stages", {})
+    for name, report in stages.items():
+        if isinstance(report, dict) and report.get("stopped"):
+            out.print(f"{name}: {report['stopped']}", style="red", markup=False, highlight=False)
+    if "report" in stages:
+        out.print(f"report: {stages['report']['html']}", highlight=False)
+    for kind in ("webdataset", "parquet"):
+        info = stages.get("shard", {}).get(kind)
+        if info:
+            out.print(f"{kind} shards: {info['samples']} samples in {info['shards']} shards in "
+                      f"{summary['root'].rstrip('/')}/shards/{kind}", highlight=False)
+    trained = stages.get("train", {})
+    if trained.get("t2v"):
+        n, t2v = trained["n_test"], trained["t2v"]
+        out.print(f"train: text-to-video R@1 {t2v['R@1']:.1f}, R@5 {t2v['R@5']:.1f}, median rank "
+                  f"{t2v['medR']:g} on {n} {trained['split']} clips (chance: R@1 {100 / n:.1f}, "
+                  f"R@5 {min(500 / n, 100):.1f}); metrics and curve in {trained['out']}", highlight=False)
+    elif "skipped" in trained:
+        out.print(f"train skipped: {trained['skipped']}", highlight=False)
+
+
+def _target(target: str, root: str | None) -> tuple[Corpus, Config]:
+    """A config file (its root, or --root), or a corpus root (its resolved config.yaml)."""
+    path = Path(target)
+    if path.is_file():
+        cfg = load_config(path)
+        return Corpus(cfg.corpus_root(root)), cfg
+    corpus = Corpus(root or target)
+    return corpus, load_config(corpus.local_path("config.yaml"))
+
+
+def _on_target(target: str, root: str | None, run: Callable[[Corpus, Config], dict]) -> dict:
+    """``run`` on the corpus and config of TARGET; unusable input exits 2 with its message."""
+    setup_logging("rich")
+    try:
+        return run(*_target(target, root))
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
