@@ -35,9 +35,11 @@ from flows.shared import PREFECT
 
 from pipeline import limits, retention
 from pipeline.config import Config, config_hash, dump_config, load_config
-from pipeline.graph import ORDER, SPECS, check_name, stages_until
+from pipeline.errors import SetupError
+from pipeline.graph import AFTER_TRAIN, ORDER, SPECS, check_name, stages_until
 from pipeline.rootlock import root_lock
 from pipeline.runner import StageReport, run_partition, run_step
+from pipeline.scoring import unavailable as score_unavailable
 from pipeline.setup import check_stages
 from pipeline.shards.stage import listing_report
 from pipeline.stages import context, parts
@@ -232,6 +234,8 @@ def _stage_flow(name: str) -> Flow:
         corpus = _start(cfg, cfg.corpus_root(root))
         if SPECS[name].scope == "corpus":
             return {p.name: step_task(p.name, corpus.url, cfg) for p in parts(name, cfg)}
+        if name == "score" and parts(name, cfg) and (why := score_unavailable(corpus, cfg)):
+            raise SetupError(why)
         return run_partitions([name], corpus, cfg, retry_failed, pipelined=False)
 
     run.__doc__ = (f"The {name} stage of a corpus build over the whole corpus: one task per "
@@ -250,6 +254,7 @@ featurize_flow = STAGE_FLOWS["featurize"]
 shard_flow = STAGE_FLOWS["shard"]
 report_flow = STAGE_FLOWS["report"]
 train_flow = STAGE_FLOWS["train"]
+score_flow = STAGE_FLOWS["score"]
 
 
 @flow(name="build_corpus", persist_result=False)
@@ -260,7 +265,9 @@ def build_corpus(
     retry_failed: bool = False,
 ) -> dict[str, Any]:
     """Discover, the partition stages (pipelined, or a stage at a time), the report and
-    training, up to ``until``; returns the summary with each stage's report."""
+    training, up to ``until``; returns the summary with each stage's report. With a score
+    section: after training, a second partition pass scores every clip (and shards the clips
+    that waited for their score), and the report comes last."""
     cfg = resolve_config(config)
     corpus = _start(cfg, cfg.corpus_root(root))
     names = stages_until(until)
@@ -272,7 +279,8 @@ def build_corpus(
         for part in parts(name, cfg):
             reports[part.name] = step_task(part.name, corpus.url, cfg)
 
-    partition_stages = [n for n in names if SPECS[n].scope == "partition"]
+    partition_stages = [n for n in names if SPECS[n].scope == "partition" and n not in AFTER_TRAIN]
+    after_train = [n for n in names if n in AFTER_TRAIN and parts(n, cfg)]
     if "discover" in names:
         steps("discover")
     if cfg.execution.pipelined and partition_stages:
@@ -281,11 +289,34 @@ def build_corpus(
         for name in partition_stages:
             stage_flow = STAGE_FLOWS[name].with_options(task_runner=_same_cluster())
             reports.update(stage_flow(cfg, root=corpus.url, retry_failed=retry_failed))
-    for name in (n for n in names if n not in ("discover", *partition_stages)):
+    corpus_steps = [n for n in names if SPECS[n].scope == "corpus" and n != "discover"]
+    if after_train:  # the report comes after the scores, so that it shows them
+        corpus_steps = [n for n in corpus_steps if n != "report"]
+    for name in corpus_steps:
         steps(name)
+    if after_train:
+        reports.update(_after_train(corpus, cfg, "shard" in names, retry_failed, reports.get("shard")))
+        if "report" in names:
+            steps("report")
     summary = summarize(corpus)
     summary["stages"] = reports
     return summary
+
+
+def _after_train(corpus: Corpus, cfg: Config, shard: bool, retry_failed: bool,
+                 first_shard: dict[str, Any] | None) -> dict[str, Any]:
+    """The score stage over every partition once train is done, then (when the build shards)
+    the shard stage again: the shards carry the scores, so clips wait for theirs. Without the
+    score model (training skipped or failed) the pass is skipped and says why."""
+    why = score_unavailable(corpus, cfg)
+    if why is not None:
+        get_run_logger().warning("score skipped: %s", why)
+        return {"score": {"skipped": why}}
+    reports = run_partitions(["score", "shard"] if shard else ["score"], corpus, cfg, retry_failed,
+                             pipelined=cfg.execution.pipelined)
+    if shard and first_shard is not None:  # the listing is the total; keep what the first pass did
+        reports["shard"] = {**reports.get("shard", {}), "first_pass": first_shard}
+    return reports
 
 
 def _same_cluster() -> TaskRunner:
