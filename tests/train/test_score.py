@@ -327,3 +327,28 @@ def test_config_score_section_problems(tmp_path):
         parse_config({**base, "score": {"model": "wal"}, "shards": {"score_top_fraction": 1.5}})
     cfg = parse_config({**base, "score": {"model": "nce"}})
     assert cfg.score_table == "scores/nce" and cfg.shards.score_splits == ["train"]
+
+
+def test_score_summary_for_the_report(trained, tmp_path):
+    from pipeline.score_summary import score_summary
+
+    corpus = _copy(trained, tmp_path / "root")
+    assert score_summary(corpus) == {}
+    cfg = _config(tmp_path / "root")
+    run_stage(make_stage(cfg), context(corpus, cfg), batch_size=7)
+    summary = score_summary(corpus, bins=10, examples=3)
+    assert list(summary) == ["scores/wal"]
+    wal = summary["scores/wal"]
+    scores = _scores(corpus, cfg)
+    sims = sorted(r["similarity"] for r in scores.values())
+    assert wal["clips"] == 120 and wal["models"] == ["wal"] and len(wal["checkpoints"]) == 1
+    assert sum(wal["similarity"]["histogram"]["counts"]) == 120 and len(wal["similarity"]["histogram"]["edges"]) == 11
+    assert wal["similarity"]["min"] == pytest.approx(sims[0]) and wal["similarity"]["max"] == pytest.approx(sims[-1])
+    assert wal["similarity"]["mean"] == pytest.approx(np.mean(sims))
+    assert abs(wal["similarity"]["quantiles"]["0.5"] - np.median(sims)) < 0.01
+    assert sum(wal["p_aligned"]["histogram"]["counts"]) == 120
+    assert sum(wal["rank"].values()) == 120 and set(wal["rank"]) <= {"1", "2", "3", "4", "5"}
+    assert sum(p["clips"] for p in wal["partitions"].values()) == 120
+    assert [r["similarity"] for r in wal["top"]] == pytest.approx(sims[::-1][:3])
+    assert [r["similarity"] for r in wal["bottom"]] == pytest.approx(sims[:3])
+    assert all(r["text"].startswith("sentence ") and r["video_id"] for r in wal["top"] + wal["bottom"])
