@@ -65,6 +65,12 @@ def _emit(summary: dict, mode: LogFormat) -> None:
         if info:
             out.print(f"{kind} shards: {info['samples']} samples in {info['shards']} shards in "
                       f"{summary['root'].rstrip('/')}/shards/{kind}", highlight=False)
+    for name, report in stages.items():
+        if name.startswith("score:") and isinstance(report, dict) and "ok" in report:
+            out.print(f"{name}: {report['ok']} clips scored, {report['skipped_done']} scored before, "
+                      f"{sum(report['errors'].values())} failed; scores/{name.split(':', 1)[1]}", highlight=False)
+    if "skipped" in stages.get("score", {}):
+        out.print(f"score skipped: {stages['score']['skipped']}", highlight=False)
     trained = stages.get("train", {})
     if trained.get("t2v"):
         n, t2v = trained["n_test"], trained["t2v"]

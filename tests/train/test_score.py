@@ -352,3 +352,40 @@ def test_score_summary_for_the_report(trained, tmp_path):
     assert [r["similarity"] for r in wal["top"]] == pytest.approx(sims[::-1][:3])
     assert [r["similarity"] for r in wal["bottom"]] == pytest.approx(sims[:3])
     assert all(r["text"].startswith("sentence ") and r["video_id"] for r in wal["top"] + wal["bottom"])
+
+
+@pytest.mark.slow
+def test_a_build_scores_after_training_then_shards_and_reports(prefect_harness, monkeypatch, tmp_path):
+    """build_corpus as a Prefect flow on a local Dask cluster (the stages before featurize and
+    the report stubbed out): train, then the score pass with the shards that waited for their
+    scores, then the report, which sees the scores; a second build has nothing to do."""
+    from flows.build import run_build
+    from pipeline import stages
+    from pipeline.runner import Step
+
+    for name in ("discover", "download", "transcribe", "align", "featurize"):
+        monkeypatch.setitem(stages.BUILT, name, lambda cfg: [])
+    seen = []
+
+    def report(ctx):
+        seen.append(ctx.corpus.tables())
+        return {"html": "none"}
+
+    monkeypatch.setitem(stages.BUILT, "report", lambda cfg: [Step("report", report)])
+    root = tmp_path / "root"
+    pairs, _ = trainkit.noisy_pairs(videos=12)
+    pairs.to_corpus(Corpus(str(root)), "resnet34", "text:synthetic")
+    cfg = _config(root, shards={"score_top_fraction": 0.6}, epochs=4)
+    cfg = cfg.model_copy(update={"execution": cfg.execution.model_copy(update={"n_workers": 1})})
+
+    first = run_build(cfg)
+    assert first["tables"]["scores/wal"] == 60
+    assert first["stages"]["score:wal"]["ok"] == 60
+    assert first["stages"]["shard"]["first_pass"]["webdataset"]["samples"] == 0  # waited for scores
+    assert first["stages"]["shard"]["parquet"]["samples"] == 15 + 9 * 3  # test whole, 3 of 5 in train
+    assert first["stages"]["shard"]["counters"] == {"dropped_top_fraction": 18}
+    assert seen and "scores/wal" in seen[-1]  # the report ran after the scores
+    second = run_build(cfg)
+    assert second["stages"]["score:wal"]["items"] == 0 and second["stages"]["score:wal"]["skipped_done"] == 60
+    assert second["stages"]["shard"]["parquet"]["written"] == 0
+    assert validate(Corpus(str(root))) == []
