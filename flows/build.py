@@ -4,7 +4,9 @@
 download → transcribe → align → featurize → shard is a chain of tasks on the Dask cluster,
 with at most ``execution.max_inflight_partitions`` chains at once, so one partition is
 featurized while the next downloads, and (with ``storage.keep_media: false``) only that many
-partitions hold media. Then the shard listings, the report and training. With
+partitions hold media. Then the shard listings, the report and training; with a score section,
+training, then a second partition pass (score, and shard for the clips that waited for their
+scores), then the report. With
 ``execution.pipelined: false`` it runs each stage's flow over the whole corpus in turn instead;
 a stage flow alone is ``vlcorpus build --stage NAME`` or a deployment entrypoint.
 

@@ -139,11 +139,12 @@ class MilNceScorer(Scorer):
 
     @torch.no_grad()
     def encode_video(self, visual: Sequence[np.ndarray]) -> Encoded:
-        return Encoded(torch.from_numpy(np.stack([np.asarray(v, np.float32).reshape(-1) for v in visual])))
+        stacked = np.stack([np.asarray(v, np.float32).reshape(-1) for v in visual])
+        return Encoded(torch.from_numpy(stacked).to(self.device))
 
     @torch.no_grad()
     def encode_text(self, texts: Sequence[str]) -> Encoded:
-        return Encoded(torch.from_numpy(np.stack(self.text_tower.encode([str(t) for t in texts]))))
+        return Encoded(torch.from_numpy(np.stack(self.text_tower.encode([str(t) for t in texts]))).to(self.device))
 
     @torch.no_grad()
     def similarity(self, video: Encoded, text: Encoded) -> torch.Tensor:
