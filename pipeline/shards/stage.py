@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from pipeline import graph
 from pipeline.config import Config
 from pipeline.errors import BadInputError
 from pipeline.featurize import clips_with_media
@@ -81,8 +82,9 @@ def _inputs(ctx: StageContext, partition: str, keys: pa.Array) -> pa.Table:
         return rows
     corpus = ctx.corpus
     clips = corpus.read("clips", columns=["clip_id", "video_id"], partition=partition)
+    stage, _, _ = graph.family_lineage(table) or ("", "", "")  # score:<key>
     errors = corpus.read("errors", columns=["item_id", "kind"], partition=partition,
-                         filter=ds.field("stage") == f"score:{table.split('/', 1)[1]}")
+                         filter=ds.field("stage") == stage)
     failed = errors.filter(pc.is_in(errors.column("kind"), pa.array(FINAL_KINDS))).column("item_id")
     settled = pc.or_(pc.is_in(clips.column("clip_id"), corpus.done_keys(table, partition)),
                      pc.is_in(clips.column("clip_id"), failed))
