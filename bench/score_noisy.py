@@ -220,7 +220,8 @@ def main() -> None:
     parser.add_argument("--demo", type=Path, default=None, metavar="ROOT",
                         help="instead: a demo corpus built up to featurize (vlcorpus demo --until featurize), "
                              "its training sentences swapped at --rates (default 0.3), trained as --demo-config says")
-    parser.add_argument("--demo-config", type=Path, default=Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
+    parser.add_argument("--demo-config", type=Path,
+                        default=Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as noisy_pairs.py: repeatable, and the machine stays usable
     started = time.perf_counter()

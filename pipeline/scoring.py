@@ -223,9 +223,9 @@ def _check_dims(scorer: Any, visual: Any, text: Any) -> None:
     found = (int(visual.shape[-1]), None if isinstance(text, str) else int(text.shape[-1]))
     for side, want, got in zip(("visual", "text"), expected, found):
         if want is not None and got is not None and want != got:
+            names = ", ".join(scorer.visual_names) if side == "visual" else scorer.text_name
             raise SetupError(f"score.model {scorer.model!r} was trained on {side} features of dimension "
-                             f"{want}, the corpus's {', '.join(scorer.visual_names) if side == 'visual' else scorer.text_name} "
-                             f"have {got}")
+                             f"{want}, the corpus's {names} have {got}")
 
 
 def _check(cfg: Config) -> None:

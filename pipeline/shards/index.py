@@ -1,10 +1,11 @@
 """Which shards exist and what clips each holds.
 
 Per partition, ``shards/_index/p<partition>.parquet``: one row per clip the shard stage settled
-(clip_id, split, shard number; shard -1 when the score filter left the clip out), with the partition's shard listing (names, counts, bytes, sha256 of both
-formats) in its footer. It is rewritten, whole and atomically, after each batch's shards are
-renamed into place, so a kill in between only means the batch is written again, under the
-same names and with the same bytes. Its clip ids are the shard stage's done keys.
+(clip_id, split, shard number; shard -1 when the score filter left the clip out), with the
+partition's shard listing (names, counts, bytes, sha256 of both formats) in its footer. It is
+rewritten, whole and atomically, after each batch's shards are renamed into place, so a kill in
+between only means the batch is written again, under the same names and with the same bytes.
+Its clip ids are the shard stage's done keys.
 
 Per format, ``shards/<format>/index.json`` lists every shard of the corpus (no clip lists),
 so readers find shards without listing a bucket; it is refreshed from the partitions a run

@@ -1,10 +1,10 @@
 """WebDataset tar shards: one sample per clip, key = clip_id.
 
-Members: ``json`` (the clip row, and its score when the shards carry one), ``txt`` (its sentence), one ``<extractor>.npy`` per feature
-and, when configured, ``mp4`` (the clip cut from its video). Shards are
-``{split}-{partition}-{number:06d}.tar``, written under a temporary name and renamed when
-complete; tar headers carry no time or owner, so a rebuild from the same inputs gives the
-same bytes.
+Members: ``json`` (the clip row, and its score when the shards carry one), ``txt`` (its
+sentence), one ``<extractor>.npy`` per feature and, when configured, ``mp4`` (the clip cut from
+its video). Shards are ``{split}-{partition}-{number:06d}.tar``, written under a temporary
+name and renamed when complete; tar headers carry no time or owner, so a rebuild from the same
+inputs gives the same bytes.
 """
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ def test_shards_carry_the_score_and_filter_by_it_in_both_formats(trained, tmp_pa
     for cid, clip in clips.items():
         by_video.setdefault(clip["video_id"], []).append(cid)
     expected = set()
-    for video, members in by_video.items():
+    for members in by_video.values():
         if clips[members[0]]["split"] != "train":
             expected |= set(members)
             continue
