@@ -4,9 +4,11 @@
 download → transcribe → align → featurize → shard is a chain of tasks on the Dask cluster,
 with at most ``execution.max_inflight_partitions`` chains at once, so one partition is
 featurized while the next downloads, and (with ``storage.keep_media: false``) only that many
-partitions hold media. Then the shard listings, training and the report. With
-``execution.pipelined: false`` it runs each stage's flow over the whole corpus in turn instead;
-a stage flow alone is ``vlcorpus build --stage NAME`` or a deployment entrypoint.
+partitions hold media. Then the shard listings, training and the report; with a score section,
+training, then a second partition pass (score, and shard for the clips that waited for their
+scores), then the report. With ``execution.pipelined: false`` it runs each stage's flow over
+the whole corpus in turn instead; a stage flow alone is ``vlcorpus build --stage NAME`` or a
+deployment entrypoint.
 
 The flows only compose pipeline/. Tasks plan their own partition and return small reports;
 the tables are the results, so nothing large is held in Prefect. Task runs grow with
@@ -37,9 +39,11 @@ from flows.shared import PREFECT
 
 from pipeline import limits, retention
 from pipeline.config import Config, config_hash, dump_config, load_config
-from pipeline.graph import ORDER, SPECS, check_name, stages_until
+from pipeline.errors import SetupError
+from pipeline.graph import AFTER_TRAIN, ORDER, SPECS, check_name, stages_until
 from pipeline.rootlock import root_lock
 from pipeline.runner import StageReport, run_partition, run_step
+from pipeline.scoring import unavailable as score_unavailable
 from pipeline.setup import check_stages
 from pipeline.shards.stage import listing_report
 from pipeline.stages import context, parts
@@ -262,6 +266,8 @@ def _stage_flow(name: str) -> Flow:
         corpus = _start(cfg, cfg.corpus_root(root))
         if SPECS[name].scope == "corpus":
             return {p.name: step_task(p.name, corpus.url, cfg) for p in parts(name, cfg)}
+        if name == "score" and parts(name, cfg) and (why := score_unavailable(corpus, cfg)):
+            raise SetupError(why)
         return run_partitions([name], corpus, cfg, retry_failed, pipelined=False)
 
     run.__doc__ = (f"The {name} stage of a corpus build over the whole corpus: one task per "
@@ -280,6 +286,7 @@ featurize_flow = STAGE_FLOWS["featurize"]
 shard_flow = STAGE_FLOWS["shard"]
 report_flow = STAGE_FLOWS["report"]
 train_flow = STAGE_FLOWS["train"]
+score_flow = STAGE_FLOWS["score"]
 
 
 @flow(name="build_corpus", persist_result=False)
@@ -290,7 +297,9 @@ def build_corpus(
     retry_failed: bool = False,
 ) -> dict[str, Any]:
     """Discover, the partition stages (pipelined, or a stage at a time), training and the
-    report, up to ``until``; returns the summary with each stage's report."""
+    report, up to ``until``; returns the summary with each stage's report. With a score
+    section: after training, a second partition pass scores every clip (and shards the clips
+    that waited for their score), and the report comes last."""
     cfg = resolve_config(config)
     corpus = _start(cfg, cfg.corpus_root(root))
     names = stages_until(until)
@@ -302,7 +311,8 @@ def build_corpus(
         for part in parts(name, cfg):
             reports[part.name] = step_task(part.name, corpus.url, cfg)
 
-    partition_stages = [n for n in names if SPECS[n].scope == "partition"]
+    partition_stages = [n for n in names if SPECS[n].scope == "partition" and n not in AFTER_TRAIN]
+    after_train = [n for n in names if n in AFTER_TRAIN and parts(n, cfg)]
     if "discover" in names:
         steps("discover")
     if cfg.execution.pipelined and partition_stages:
@@ -311,22 +321,28 @@ def build_corpus(
         for name in partition_stages:
             stage_flow = STAGE_FLOWS[name].with_options(task_runner=_same_cluster())
             reports.update(stage_flow(cfg, root=corpus.url, retry_failed=retry_failed))
-    if partition_stages:
-        record_run(corpus, reports)
+    record = record_run(corpus, reports) if partition_stages else None
     for name in (n for n in names if n not in ("discover", *partition_stages)):
-        steps(name)
+        if name not in AFTER_TRAIN:
+            steps(name)
+        elif after_train:  # score comes after train in the stage order, so the report follows it
+            reports.update(_after_train(corpus, cfg, "shard" in names, retry_failed, reports.get("shard")))
+            record_run(corpus, reports, record)
     summary = summarize(corpus)
     summary["stages"] = reports
     publish_summary(summary, _report_url(corpus))
     return summary
 
 
-def record_run(corpus: Corpus, reports: dict[str, Any]) -> None:
-    """The partition stages' reports of this build (counts, wall and task seconds, figures) in
-    ``runs/build/``, for the report's timing section."""
+def record_run(corpus: Corpus, reports: dict[str, Any], path: str | None = None) -> str:
+    """The partition passes' reports of this build (counts, wall and task seconds, figures) in
+    ``runs/build/``, for the report's timing section; returns the record's path. The score
+    pass after train adds its reports to the same record (``path``), written first without
+    them so that a build whose training fails still leaves its timing."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    corpus.write_text(f"runs/build/{stamp}.json", json.dumps(
-        {"finished": stamp, "stages": reports}, sort_keys=True, default=str) + "\n")
+    path = path or f"runs/build/{stamp}.json"
+    corpus.write_text(path, json.dumps({"finished": stamp, "stages": reports}, sort_keys=True, default=str) + "\n")
+    return path
 
 
 def _report_url(corpus: Corpus) -> str | None:
@@ -334,6 +350,22 @@ def _report_url(corpus: Corpus) -> str | None:
     if not corpus.fs.exists(path):
         return None
     return Path(path).resolve().as_uri() if corpus.is_local else corpus.fs.unstrip_protocol(path)
+
+
+def _after_train(corpus: Corpus, cfg: Config, shard: bool, retry_failed: bool,
+                 first_shard: dict[str, Any] | None) -> dict[str, Any]:
+    """The score stage over every partition once train is done, then (when the build shards)
+    the shard stage again: the shards carry the scores, so clips wait for theirs. Without the
+    score model (training skipped or failed) the pass is skipped and says why."""
+    why = score_unavailable(corpus, cfg)
+    if why is not None:
+        get_run_logger().warning("score skipped: %s", why)
+        return {"score": {"skipped": why}}
+    reports = run_partitions(["score", "shard"] if shard else ["score"], corpus, cfg, retry_failed,
+                             pipelined=cfg.execution.pipelined)
+    if shard and first_shard is not None:  # the listing is the total; keep what the first pass did
+        reports["shard"] = {**reports.get("shard", {}), "first_pass": first_shard}
+    return reports
 
 
 def _same_cluster() -> TaskRunner:
