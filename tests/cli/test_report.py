@@ -35,7 +35,8 @@ TRANSCRIBE_ERRORS = {"aa-t1": "ffprobe: invalid data at byte 1234 in /media/aa-t
 def _build_record(corpus: Corpus, transcribed: StageReport, aligned: StageReport) -> None:
     """runs/build records as a pipelined build writes them (StageTotals over partition task
     results): download as the demo corpus's run went, featurize as if two extractors ran."""
-    from flows.build import StageTotals, record_run
+    from flows.build import record_run
+    from flows.partitions import StageTotals
 
     clips = aligned.rows
     stages = {  # stage: (its parts as a partition task reports them, start, seconds)
