@@ -159,13 +159,17 @@ ERRORS = _schema(
     ],
 )
 
+# The clip's score in shards that carry one: a Parquet column, a field of the WebDataset JSON.
+SHARD_SCORE = pa.field("score", pa.float32())
+
+
 def shard_schema(feature_keys: list[str], score: bool = False) -> pa.Schema:
     """Parquet shards: the clips columns (but ``split``, which is the hive partition of the
     folder), the clip's score when the shards carry one, then per feature extractor its
     flattened float16 values and their shape."""
     fields = [f for f in CLIPS if f.name != "split"]
     if score:
-        fields.append(pa.field("score", pa.float32()))
+        fields.append(SHARD_SCORE)
     for key in sorted(feature_keys):
         fields.append(pa.field(key, pa.list_(pa.float16())))
         fields.append(pa.field(f"{key}_shape", pa.list_(pa.int32())))
