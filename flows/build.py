@@ -4,9 +4,11 @@
 download → transcribe → align → featurize → shard is a chain of tasks on the Dask cluster,
 with at most ``execution.max_inflight_partitions`` chains at once, so one partition is
 featurized while the next downloads, and (with ``storage.keep_media: false``) only that many
-partitions hold media. Then the shard listings, training and the report. With
-``execution.pipelined: false`` it runs each stage's flow over the whole corpus in turn instead;
-a stage flow alone is ``vlcorpus build --stage NAME`` or a deployment entrypoint.
+partitions hold media. Then the shard listings, training and the report; with a score section,
+training, then a second partition pass (score, and shard for the clips that waited for their
+scores), then the report. With ``execution.pipelined: false`` it runs each stage's flow over
+the whole corpus in turn instead; a stage flow alone is ``vlcorpus build --stage NAME`` or a
+deployment entrypoint. The partition passes themselves are flows/partitions.py.
 
 The flows only compose pipeline/. Tasks plan their own partition and return small reports;
 the tables are the results, so nothing large is held in Prefect. Task runs grow with
@@ -18,56 +20,29 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import dask
 from prefect import Flow, flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
-from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
 
-from flows.progress import BuildProgress, publish_summary
+from flows.partitions import run_partitions
+from flows.progress import publish_summary
 from flows.services import build_services
-from flows.shared import PREFECT
 
-from pipeline import limits, retention
 from pipeline.config import Config, config_hash, dump_config, load_config
-from pipeline.graph import ORDER, SPECS, check_name, stages_until
+from pipeline.errors import SetupError
+from pipeline.graph import AFTER_TRAIN, ORDER, SPECS, check_name, stages_until
 from pipeline.rootlock import root_lock
-from pipeline.runner import StageReport, run_partition, run_step
+from pipeline.runner import run_step
+from pipeline.scoring import unavailable as score_unavailable
 from pipeline.setup import check_stages
-from pipeline.shards.stage import listing_report
 from pipeline.stages import context, parts
 from pipeline.storage import Corpus
 from pipeline.summary import summarize
-
-
-@task(name="partition-stage", task_run_name="{stage_name} p{partition}", retries=2,
-      retry_delay_seconds=[2, 10], cache_policy=NO_CACHE, persist_result=False)
-def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
-                   retry_failed: bool = False) -> dict[str, Any]:
-    """Every part of one stage over one partition (featurize: each extractor in turn); the
-    shard stage then drops the partition's media unless ``storage.keep_media``."""
-    started, began = time.monotonic(), time.time()
-    ctx = context(Corpus(root), cfg)
-    reports = {}
-    with limits.using(PREFECT):
-        for part in parts(stage_name, cfg):
-            size = part.batch_size or cfg.execution.batch_size
-            report = run_partition(part, ctx, partition, size, retry_failed)
-            if report.total:
-                get_run_logger().info(report.plan_line(part.name, partition))
-            reports[part.name] = asdict(report)
-    released = 0
-    if stage_name == "shard" and not cfg.storage.keep_media:
-        released = retention.release(ctx, partition)
-    return {"stage": stage_name, "partition": partition, "parts": reports, "released": released,
-            "worker": _worker_name(), "seconds": time.monotonic() - started, "began": began}
 
 
 @task(name="step", task_run_name="{step_name}", retries=2, retry_delay_seconds=[2, 10],
@@ -77,28 +52,6 @@ def step_task(step_name: str, root: str, cfg: Config) -> dict[str, Any]:
     step = next(p for p in parts(step_name, cfg))
     report = run_step(step, context(Corpus(root), cfg))
     return {**report, "seconds": time.monotonic() - started}
-
-
-@task(name="shard-listing", cache_policy=NO_CACHE, persist_result=False)
-def listing_task(root: str, cfg: Config, changed: list[str], written: int) -> dict[str, Any]:
-    return listing_report(Corpus(root), cfg, changed, written)
-
-
-def _worker_name() -> str:
-    """The Dask worker running this task, so a build can say where each stage ran."""
-    try:
-        from distributed import get_worker
-
-        return str(get_worker().name)
-    except (ImportError, ValueError):
-        return "local"
-
-
-def prepare_download_limit(cfg: Config) -> None:
-    """Create or resize the global concurrency limit downloads take slots of to the config's
-    ``download.concurrency``; builds sharing a limit name should agree on its size."""
-    with get_client(sync_client=True) as client:
-        client.upsert_global_concurrency_limit_by_name(cfg.download.concurrency_limit, cfg.download.concurrency)
 
 
 # A flow's config parameter: a YAML path, a Config or its dict. Typed loosely on purpose: a
@@ -115,141 +68,6 @@ def resolve_config(config: str | Path | Config | dict) -> Config:
     return load_config(config)
 
 
-class StageTotals:
-    """One stage's reports over partitions: counts per part, workers, task seconds."""
-
-    def __init__(self) -> None:
-        self.parts: dict[str, StageReport] = {}
-        self.workers: set[str] = set()
-        self.seconds = 0.0
-        self.partitions = 0
-        self.released = 0
-        self.span: tuple[float, float] | None = None  # first task's start, last task's end
-
-    def add(self, result: dict[str, Any]) -> None:
-        for name, report in result["parts"].items():
-            self.parts.setdefault(name, StageReport(name)).merge(StageReport(**report))
-        self.workers.add(result["worker"])
-        self.seconds += result["seconds"]
-        self.partitions += 1
-        self.released += result["released"]
-        began, ended = result["began"], result["began"] + result["seconds"]
-        self.span = (min(began, self.span[0]), max(ended, self.span[1])) if self.span else (began, ended)
-
-    def as_dicts(self) -> dict[str, dict[str, Any]]:
-        # Wall time: from the stage's first task to its last, overlapping other stages when
-        # pipelined; task seconds: summed over its tasks.
-        wall = round(self.span[1] - self.span[0], 3) if self.span else 0.0
-        return {name: {**asdict(report), "workers": sorted(self.workers), "task_seconds":
-                       round(self.seconds, 3), "wall_seconds": wall, "partitions": self.partitions}
-                for name, report in self.parts.items()}
-
-
-def _submit(stage: str, partition: str, corpus: Corpus, cfg: Config, retry_failed: bool,
-            after: PrefectFuture | None = None) -> PrefectFuture:
-    # GPU workers (`dask worker --resources GPU=1`) take featurize tasks when asked.
-    gpu = cfg.execution.gpu_resource and stage == "featurize"
-    with dask.annotate(**({"resources": {"GPU": 1}} if gpu else {})):
-        return partition_task.submit(stage, partition, corpus.url, cfg, retry_failed,
-                                     wait_for=[after] if after is not None else None)
-
-
-def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_failed: bool,
-                   pipelined: bool) -> dict[str, dict[str, Any]]:
-    """The partition stages over every partition: as one chain of tasks per partition with at
-    most ``execution.max_inflight_partitions`` chains at once, or one stage over all
-    partitions before the next. Returns each part's totals (and the shard listings)."""
-    logger = get_run_logger()
-    started = time.time()
-    labels = corpus.labels()
-    stage_names = [name for name in stage_names if parts(name, cfg)]  # featurize may have none
-    totals = {name: StageTotals() for name in stage_names}
-    results: list[dict[str, Any]] = []
-    if "download" in stage_names:
-        prepare_download_limit(cfg)
-    progress = BuildProgress(stage_names, len(labels))
-    failure: BaseException | None = None
-
-    def collect(future: PrefectFuture) -> None:
-        nonlocal failure
-        try:
-            result = future.result()
-        except Exception as exc:  # noqa: BLE001 - raised once the tasks in flight are done
-            # A task that failed past its retries (a setup problem, a full disk): start no new
-            # partition, let the others finish their batches, then fail the build. The tasks
-            # after it in its chain do not run and end here too.
-            failure = failure or exc
-            return
-        results.append(result)
-        progress.finished(result)
-
-    try:
-        if pipelined:
-            limit = cfg.execution.max_inflight_partitions
-            logger.info("%d partitions, %d at a time: %s", len(labels), limit, " -> ".join(stage_names))
-            waiting: dict[PrefectFuture, str] = {}
-            left: dict[str, int] = {}  # partition in flight -> its tasks not finished
-            pending = list(labels)
-            while pending or waiting:
-                while pending and len(left) < limit and failure is None:
-                    partition = pending.pop(0)
-                    previous = None
-                    for stage in stage_names:
-                        previous = _submit(stage, partition, corpus, cfg, retry_failed, previous)
-                        waiting[previous] = partition
-                    left[partition] = len(stage_names)
-                if not waiting:
-                    break
-                finished = next(as_completed(list(waiting)))
-                partition = waiting.pop(finished)
-                count = len(results)
-                collect(finished)
-                if _stopped(results[count:]):
-                    pending.clear()  # a stage stopped (downloads blocked): no new partitions
-                left[partition] -= 1
-                if not left[partition]:
-                    del left[partition]
-        else:
-            for stage in stage_names:
-                for future in as_completed([_submit(stage, p, corpus, cfg, retry_failed) for p in labels]):
-                    collect(future)
-                if failure is not None:
-                    break
-                logger.info("%s: %d partitions done", stage, len(labels))
-    finally:
-        progress.close()
-    if failure is not None:
-        raise failure
-    for result in results:
-        totals[result["stage"]].add(result)
-    ctx = context(corpus, cfg)
-    for name in stage_names:
-        for part in parts(name, cfg):
-            report = totals[name].parts.get(part.name)
-            if report is None:
-                continue
-            if report.stopped:
-                logger.warning("%s: %s", part.name, report.stopped)
-            if part.finish is not None:
-                with limits.using(PREFECT):
-                    report.figures = part.finish(ctx, report, started)
-    out: dict[str, dict[str, Any]] = {}
-    for total in totals.values():
-        out.update(total.as_dicts())
-    if "shard" in stage_names:
-        shard = totals["shard"]
-        changed = sorted(r["partition"] for r in results
-                         if r["stage"] == "shard" and any(p["ok"] for p in r["parts"].values()))
-        written = shard.parts["shard"].ok if "shard" in shard.parts else 0
-        out["shard"] = {**out.get("shard", {}), **listing_task(corpus.url, cfg, changed, written),
-                        "media_released": shard.released}
-    return out
-
-
-def _stopped(results: list[dict[str, Any]]) -> bool:
-    return any(p.get("stopped") for r in results for p in r["parts"].values())
-
-
 def _start(cfg: Config, root: str) -> Corpus:
     corpus = Corpus(root)
     corpus.write_text("config.yaml", f"# config hash {config_hash(cfg)}\n{dump_config(cfg)}")
@@ -262,6 +80,8 @@ def _stage_flow(name: str) -> Flow:
         corpus = _start(cfg, cfg.corpus_root(root))
         if SPECS[name].scope == "corpus":
             return {p.name: step_task(p.name, corpus.url, cfg) for p in parts(name, cfg)}
+        if name == "score" and parts(name, cfg) and (why := score_unavailable(corpus, cfg)):
+            raise SetupError(why)
         return run_partitions([name], corpus, cfg, retry_failed, pipelined=False)
 
     run.__doc__ = (f"The {name} stage of a corpus build over the whole corpus: one task per "
@@ -280,6 +100,7 @@ featurize_flow = STAGE_FLOWS["featurize"]
 shard_flow = STAGE_FLOWS["shard"]
 report_flow = STAGE_FLOWS["report"]
 train_flow = STAGE_FLOWS["train"]
+score_flow = STAGE_FLOWS["score"]
 
 
 @flow(name="build_corpus", persist_result=False)
@@ -290,7 +111,9 @@ def build_corpus(
     retry_failed: bool = False,
 ) -> dict[str, Any]:
     """Discover, the partition stages (pipelined, or a stage at a time), training and the
-    report, up to ``until``; returns the summary with each stage's report."""
+    report, up to ``until``; returns the summary with each stage's report. With a score
+    section: after training, a second partition pass scores every clip (and shards the clips
+    that waited for their score), and the report comes last."""
     cfg = resolve_config(config)
     corpus = _start(cfg, cfg.corpus_root(root))
     names = stages_until(until)
@@ -302,7 +125,8 @@ def build_corpus(
         for part in parts(name, cfg):
             reports[part.name] = step_task(part.name, corpus.url, cfg)
 
-    partition_stages = [n for n in names if SPECS[n].scope == "partition"]
+    partition_stages = [n for n in names if SPECS[n].scope == "partition" and n not in AFTER_TRAIN]
+    after_train = [n for n in names if n in AFTER_TRAIN and parts(n, cfg)]
     if "discover" in names:
         steps("discover")
     if cfg.execution.pipelined and partition_stages:
@@ -311,22 +135,28 @@ def build_corpus(
         for name in partition_stages:
             stage_flow = STAGE_FLOWS[name].with_options(task_runner=_same_cluster())
             reports.update(stage_flow(cfg, root=corpus.url, retry_failed=retry_failed))
-    if partition_stages:
-        record_run(corpus, reports)
+    record = record_run(corpus, reports) if partition_stages else None
     for name in (n for n in names if n not in ("discover", *partition_stages)):
-        steps(name)
+        if name not in AFTER_TRAIN:
+            steps(name)
+        elif after_train:  # score comes after train in the stage order, so the report follows it
+            reports.update(_after_train(corpus, cfg, "shard" in names, retry_failed, reports.get("shard")))
+            record_run(corpus, reports, record)
     summary = summarize(corpus)
     summary["stages"] = reports
     publish_summary(summary, _report_url(corpus))
     return summary
 
 
-def record_run(corpus: Corpus, reports: dict[str, Any]) -> None:
-    """The partition stages' reports of this build (counts, wall and task seconds, figures) in
-    ``runs/build/``, for the report's timing section."""
+def record_run(corpus: Corpus, reports: dict[str, Any], path: str | None = None) -> str:
+    """The partition passes' reports of this build (counts, wall and task seconds, figures) in
+    ``runs/build/``, for the report's timing section; returns the record's path. The score
+    pass after train adds its reports to the same record (``path``), written first without
+    them so that a build whose training fails still leaves its timing."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    corpus.write_text(f"runs/build/{stamp}.json", json.dumps(
-        {"finished": stamp, "stages": reports}, sort_keys=True, default=str) + "\n")
+    path = path or f"runs/build/{stamp}.json"
+    corpus.write_text(path, json.dumps({"finished": stamp, "stages": reports}, sort_keys=True, default=str) + "\n")
+    return path
 
 
 def _report_url(corpus: Corpus) -> str | None:
@@ -334,6 +164,22 @@ def _report_url(corpus: Corpus) -> str | None:
     if not corpus.fs.exists(path):
         return None
     return Path(path).resolve().as_uri() if corpus.is_local else corpus.fs.unstrip_protocol(path)
+
+
+def _after_train(corpus: Corpus, cfg: Config, shard: bool, retry_failed: bool,
+                 first_shard: dict[str, Any] | None) -> dict[str, Any]:
+    """The score stage over every partition once train is done, then (when the build shards)
+    the shard stage again: the shards carry the scores, so clips wait for theirs. Without the
+    score model (training skipped or failed) the pass is skipped and says why."""
+    why = score_unavailable(corpus, cfg)
+    if why is not None:
+        get_run_logger().warning("score skipped: %s", why)
+        return {"score": {"skipped": why}}
+    reports = run_partitions(["score", "shard"] if shard else ["score"], corpus, cfg, retry_failed,
+                             pipelined=cfg.execution.pipelined)
+    if shard and first_shard is not None:  # the listing is the total; keep what the first pass did
+        reports["shard"] = {**reports.get("shard", {}), "first_pass": first_shard}
+    return reports
 
 
 def _same_cluster() -> TaskRunner:

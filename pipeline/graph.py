@@ -12,6 +12,10 @@ from typing import Literal
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 FEATURES = "features"  # features/<extractor key>: one table per extractor
+SCORES = "scores"  # scores/<model key>: one table per score model
+# Table families: one table per member, ``<family>/<key>``, each written by the stage
+# ``<stage>:<key>`` (featurize:resnet34 writes features/resnet34, score:wal writes scores/wal).
+FAMILIES: dict[str, str] = {FEATURES: "featurize", SCORES: "score"}
 
 
 @dataclass(frozen=True)
@@ -31,18 +35,24 @@ GRAPH: tuple[StageSpec, ...] = (
     StageSpec("featurize", ("clips", "downloads"), FEATURES, "partition", media=True),
     StageSpec("shard", ("clips", FEATURES), None, "partition", media=True),
     StageSpec("train", ("clips", FEATURES), None, "corpus"),
-    # Last, so that the page shows this build's training too.
-    StageSpec("report", ("videos", "downloads", "segments", "clips", FEATURES), None, "corpus"),
+    # After train: the trained model (or the MIL-NCE checkpoint) scores every clip's pair. A
+    # partition stage that a build runs as a pass of its own once train is done (flows/build.py).
+    StageSpec("score", ("clips", FEATURES), SCORES, "partition"),
+    # Last, so that the page shows this build's training and scores too.
+    StageSpec("report", ("videos", "downloads", "segments", "clips", FEATURES, SCORES), None, "corpus"),
 )
 ORDER: tuple[str, ...] = tuple(spec.name for spec in GRAPH)
 SPECS: dict[str, StageSpec] = {spec.name: spec for spec in GRAPH}
-# The stages a partition goes through, in order, in a pipelined build.
-PARTITION_STAGES: tuple[str, ...] = tuple(s.name for s in GRAPH if s.scope == "partition")
+# The stages a partition goes through, in order, in a pipelined build; score, which needs the
+# trained model, comes after the corpus-wide train step instead.
+AFTER_TRAIN: tuple[str, ...] = ("score",)
+PARTITION_STAGES: tuple[str, ...] = tuple(s.name for s in GRAPH if s.scope == "partition"
+                                          and s.name not in AFTER_TRAIN)
 
 # Every per-video table is stored partition by partition; errors too (corpus-level errors in
 # the ``corpus`` partition).
 ERRORS = "errors"
-TABLES: tuple[str, ...] = tuple(s.output for s in GRAPH if s.output and s.output != FEATURES) + (ERRORS,)
+TABLES: tuple[str, ...] = tuple(s.output for s in GRAPH if s.output and s.output not in FAMILIES) + (ERRORS,)
 
 # Columns that identify a row: duplicates mean a rerun duplicated work; compaction sorts by them.
 PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
@@ -51,11 +61,13 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "segments": ("video_id", "index"),
     "clips": ("clip_id",),
     FEATURES: ("clip_id",),
+    SCORES: ("clip_id",),
     ERRORS: ("stage", "item_id", "attempt", "time"),
 }
 
 # (stage, upstream table, downstream table): every upstream key is done downstream or is in the
-# stage's errors. Features tables add ("featurize:<key>", "clips", "features/<key>").
+# stage's errors. Family tables add theirs (`family_lineage`): ("featurize:<key>", "clips",
+# "features/<key>"), ("score:<key>", "clips", "scores/<key>").
 LINEAGE: tuple[tuple[str, str, str], ...] = (
     ("download", "videos", "downloads"),
     ("transcribe", "downloads", "segments"),
@@ -66,6 +78,15 @@ LINEAGE: tuple[tuple[str, str, str], ...] = (
 def base(table: str) -> str:
     """``features/resnet34`` -> ``features``."""
     return table.split("/", 1)[0]
+
+
+def family_lineage(table: str) -> tuple[str, str, str] | None:
+    """(stage, upstream, table) of a family table (``scores/wal`` -> ``score:wal`` from clips);
+    None for other tables."""
+    family, _, key = table.partition("/")
+    if family not in FAMILIES or not key:
+        return None
+    return (f"{FAMILIES[family]}:{key}", "clips", table)
 
 
 def check_name(name: str) -> str:

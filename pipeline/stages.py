@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from pipeline import align, discover, download, featurize, retention, transcribe
+from pipeline import align, discover, download, featurize, retention, scoring, transcribe
 from pipeline.config import Config
 from pipeline.graph import check_name
 from pipeline.runner import RetryPolicy, Stage, StageContext, Step, run_stage, run_step
@@ -34,7 +34,7 @@ def _train(ctx: StageContext) -> dict[str, Any]:
 
 
 # Stage name -> what it consists of for a config (featurize: one runner stage per extractor;
-# train: nothing without a train section).
+# train and score: nothing without their section).
 BUILT: dict[str, Callable[[Config], list[Stage | Step]]] = {
     "discover": lambda cfg: [Step("discover", discover.discover)],
     "download": lambda cfg: [download.STAGE],
@@ -44,6 +44,7 @@ BUILT: dict[str, Callable[[Config], list[Stage | Step]]] = {
     "shard": lambda cfg: [shard_stage(cfg)],
     "report": lambda cfg: [Step("report", _report)],
     "train": lambda cfg: [Step("train", _train, check=_train_check)] if cfg.train is not None else [],
+    "score": scoring.stages,
 }
 
 

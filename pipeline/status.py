@@ -11,7 +11,8 @@ JSON shape (``vlcorpus status ROOT --json``)::
 
     {"root": str, "partitions": int,
      "stages": {"download": COUNTS, "transcribe": COUNTS, "align": COUNTS,
-                "featurize:<extractor>": COUNTS, ..., "shard": COUNTS},
+                "featurize:<extractor>": COUNTS, ..., "shard": COUNTS,
+                "score:<model>": COUNTS},            # with a score section
      "corpus_errors": {step: {kind: items}},         # discover, report, train
      "by_partition": {"00000": {stage: COUNTS}}}     # only with --partitions
 
@@ -120,10 +121,10 @@ def partition_counts(stage: Stage, ctx: StageContext, partition: str) -> Counts:
 
 def partition_stages(cfg: Config) -> list[Stage]:
     """The per-partition runner stages of a config, in build order (featurize: one per
-    extractor)."""
+    extractor; score, when the config has it, after the others as in a build)."""
     from pipeline.stages import parts
 
-    return [part for name in graph.PARTITION_STAGES for part in parts(name, cfg)
+    return [part for name in (*graph.PARTITION_STAGES, *graph.AFTER_TRAIN) for part in parts(name, cfg)
             if isinstance(part, Stage)]
 
 

@@ -284,16 +284,22 @@ class Corpus:
 
     # -- reading -----------------------------------------------------------------------------
     def tables(self) -> list[str]:
-        """Names of the tables present under the root (``features/<name>`` expanded)."""
+        """Names of the tables present under the root (families such as ``features/<name>``
+        and ``scores/<model>`` expanded)."""
         found = [t for t in graph.TABLES if t != graph.ERRORS and self.fs.exists(self.path(t))]
-        features = self.path(graph.FEATURES)
-        if self.fs.exists(features):
-            found += [f"{graph.FEATURES}/{_base(sub)}"
-                      for sub in sorted(self.fs.ls(features, detail=False))
-                      if not _base(sub).startswith((".", "_"))]
+        for family in graph.FAMILIES:
+            found += self.family_tables(family)
         if self.fs.exists(self.path(graph.ERRORS)):
             found.append(graph.ERRORS)
         return found
+
+    def family_tables(self, family: str) -> list[str]:
+        """The tables of one family present under the root (``features/resnet34``, ...)."""
+        directory = self.path(family)
+        if not self.fs.exists(directory):
+            return []
+        return [f"{family}/{_base(sub)}" for sub in sorted(self.fs.ls(directory, detail=False))
+                if not _base(sub).startswith((".", "_"))]
 
     def partitions_of(self, table: str) -> list[str]:
         """Partitions of ``table`` that hold files."""

@@ -56,11 +56,7 @@ def validate(corpus: Corpus) -> list[Violation]:
 
 def _lineage(tables: list[str]) -> list[tuple[str, str, str]]:
     pairs = [p for p in graph.LINEAGE if p[2] in tables]
-    prefix = f"{graph.FEATURES}/"
-    for table in tables:
-        if table.startswith(prefix):
-            pairs.append((f"featurize:{table[len(prefix):]}", "clips", table))
-    return pairs
+    return pairs + [lineage for t in tables if (lineage := graph.family_lineage(t)) is not None]
 
 
 def _video_ids(table: str, data: pa.Table) -> list[str]:

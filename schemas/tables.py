@@ -132,6 +132,20 @@ FEATURES = _schema(
     ],
 )
 
+SCORES = _schema(
+    "scores",
+    "clip_id",
+    [
+        pa.field("clip_id", pa.string(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),  # the score model: a trained folder or milnce:<file>
+        pa.field("checkpoint", pa.string(), nullable=False),  # id of the exact weights file scored with
+        pa.field("similarity", pa.float32(), nullable=False),  # the model's score of the clip and its sentence
+        pa.field("rank", pa.int32(), nullable=False),  # of its sentence among its video's sentences, 1 = best
+        pa.field("sentences", pa.int32(), nullable=False),  # how many sentences of the video were ranked
+        pa.field("p_aligned", pa.float32()),  # WAL-att-adv: 1 - P(z=1) of the discriminator; else null
+    ],
+)
+
 ERRORS = _schema(
     "errors",
     "item_id",
@@ -145,10 +159,17 @@ ERRORS = _schema(
     ],
 )
 
-def shard_schema(feature_keys: list[str]) -> pa.Schema:
+# The clip's score in shards that carry one: a Parquet column, a field of the WebDataset JSON.
+SHARD_SCORE = pa.field("score", pa.float32())
+
+
+def shard_schema(feature_keys: list[str], score: bool = False) -> pa.Schema:
     """Parquet shards: the clips columns (but ``split``, which is the hive partition of the
-    folder), then per feature extractor its flattened float16 values and their shape."""
+    folder), the clip's score when the shards carry one, then per feature extractor its
+    flattened float16 values and their shape."""
     fields = [f for f in CLIPS if f.name != "split"]
+    if score:
+        fields.append(SHARD_SCORE)
     for key in sorted(feature_keys):
         fields.append(pa.field(key, pa.list_(pa.float16())))
         fields.append(pa.field(f"{key}_shape", pa.list_(pa.int32())))
@@ -161,12 +182,14 @@ TABLES: dict[str, pa.Schema] = {
     "segments": SEGMENTS,
     "clips": CLIPS,
     "features": FEATURES,
+    "scores": SCORES,
     "errors": ERRORS,
 }
 
 
 def schema_for(table: str) -> pa.Schema:
-    """Schema of a table; ``features/<extractor>`` tables share the features schema."""
+    """Schema of a table; ``features/<extractor>`` tables share the features schema, and
+    ``scores/<model>`` tables the scores schema."""
     base = table.split("/", 1)[0]
     try:
         return TABLES[base]

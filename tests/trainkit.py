@@ -30,3 +30,31 @@ def synthetic_features(corpus: Corpus, n: int = 120, test_every: int = 4) -> Non
     corpus.write_partitioned("clips", clips, "syn", done=[c["video_id"] for c in clips])
     corpus.write_partitioned("features/resnet34", visual, "syn", done=[r["clip_id"] for r in visual])
     corpus.write_partitioned("features/text_x", text, "syn", done=[r["clip_id"] for r in text])
+
+
+def noisy_pairs(videos: int = 24, clips: int = 5, swapped: float = 0.3, seed: int = 0):
+    """A `PairSet` of `videos` videos of `clips` clips (every 4th video in the test split, kept
+    clean) whose visual ([3, 16] frames) and text ([12]) features share a latent per clip, and a
+    bool per pair: True where the training pair's sentence was swapped for a random sentence of
+    another video (a `swapped` share of the training pairs)."""
+    from pipeline.train.pairs import PairSet
+
+    rng = np.random.default_rng(seed)
+    mix_v, mix_t = rng.standard_normal((8, 16)), rng.standard_normal((8, 12))
+    latent = rng.standard_normal((videos, clips, 8))
+    sentences = latent @ mix_t + 0.3 * rng.standard_normal((videos, clips, 12))
+    ids, groups, splits, visual, text = [], [], [], [], []
+    for v in range(videos):
+        for c in range(clips):
+            ids.append(f"v{v:02d}c{c}")
+            groups.append(f"v{v:02d}")
+            splits.append("test" if v % 4 == 0 else "train")
+            visual.append(latent[v, c] @ mix_v + 0.3 * rng.standard_normal((3, 16)))
+            text.append(sentences[v, c])
+    train = [i for i, s in enumerate(splits) if s == "train"]
+    bad = np.zeros(len(ids), dtype=bool)
+    for i in rng.choice(train, round(swapped * len(train)), replace=False):
+        v = int(rng.choice([w for w in range(videos) if f"v{w:02d}" != groups[i]]))
+        text[i] = sentences[v, int(rng.integers(clips))]
+        bad[i] = True
+    return PairSet(ids, groups, splits, visual, text, captions=[f"sentence {i}" for i in ids]), bad

@@ -75,6 +75,12 @@ def _emit(summary: dict, mode: LogFormat) -> None:
                   f"R@5 {min(500 / n, 100):.1f}); metrics and curve in {trained['out']}", highlight=False)
     elif "skipped" in trained:
         out.print(f"train skipped: {trained['skipped']}", highlight=False)
+    for name, report in stages.items():
+        if name.startswith("score:") and isinstance(report, dict) and "ok" in report:
+            out.print(f"{name}: {report['ok']} clips scored, {report['skipped_done']} scored before, "
+                      f"{sum(report['errors'].values())} failed; scores/{name.split(':', 1)[1]}", highlight=False)
+    if "skipped" in stages.get("score", {}):
+        out.print(f"score skipped: {stages['score']['skipped']}", highlight=False)
 
 
 def _target(target: str, root: str | None) -> tuple[Corpus, Config]:

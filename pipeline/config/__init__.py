@@ -5,7 +5,7 @@ there instead of a setting silently ignored. `vlcorpus schema --write` regenerat
 `schemas/config.schema.json`.
 
 - sources.py: where videos come from; sections.py: filters, download, transcribe, align;
-  features.py: frames and extractors; shards.py; train.py; storage.py; execution.py
+  features.py: frames and extractors; shards.py; train.py; score.py; storage.py; execution.py
 - model.py: the whole config and its cross-section checks
 - problems.py, messages.py: the errors a user sees; loading.py: YAML in, hash, dump, schema out
 """
@@ -38,6 +38,7 @@ from pipeline.config.sections import (
     SentenceConfig,
     TranscribeConfig,
 )
+from pipeline.config.score import MILNCE_PREFIX, ScoreConfig, milnce_weights, score_key
 from pipeline.config.shards import ClipMediaConfig, ParquetShardConfig, ShardsConfig, WebDatasetConfig
 from pipeline.config.sources import (
     SOURCE_TYPES,
@@ -55,8 +56,9 @@ __all__ = [
     "SCHEMA_PATH", "SOURCE_TYPES", "TEXT_PREFIX", "TRAIN_DEFAULTS", "VISUAL_EXTRACTORS",
     "AlignConfig", "AsrConfig", "ClipMediaConfig", "Config", "ConfigError", "DownloadConfig",
     "ExecutionConfig", "ExtractorConfig", "FeaturesConfig", "FiltersConfig", "FolderSource",
-    "FramesConfig", "GoogleAsrConfig", "ListSource", "ParquetShardConfig", "PlaylistSource",
-    "QualityConfig", "SearchSource", "SentenceConfig", "ShardsConfig", "Source", "StorageConfig", "TrainConfig",
-    "TrainModel", "TranscribeConfig", "UrlsSource", "WebDatasetConfig", "config_hash",
-    "config_json_schema", "dump_config", "load_config", "parse_config",
+    "FramesConfig", "GoogleAsrConfig", "ListSource", "MILNCE_PREFIX", "ParquetShardConfig",
+    "PlaylistSource", "QualityConfig", "ScoreConfig", "SearchSource", "SentenceConfig", "ShardsConfig",
+    "Source", "StorageConfig", "TrainConfig", "TrainModel", "TranscribeConfig", "UrlsSource",
+    "WebDatasetConfig", "config_hash", "config_json_schema", "dump_config", "load_config",
+    "milnce_weights", "parse_config", "score_key",
 ]

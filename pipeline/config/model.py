@@ -7,8 +7,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.config.execution import ExecutionConfig
+from pipeline.graph import SCORES
 from pipeline.config.features import TEXT_PREFIX, FeaturesConfig, FramesConfig
 from pipeline.config.problems import Found, raise_if
+from pipeline.config.score import ScoreConfig, milnce_weights, score_key
 from pipeline.config.sections import AlignConfig, DownloadConfig, FiltersConfig, TranscribeConfig
 from pipeline.config.shards import ShardsConfig
 from pipeline.config.sources import Source
@@ -37,6 +39,8 @@ class Config(BaseModel):
     features: FeaturesConfig = Field(default_factory=FeaturesConfig)
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
     train: TrainConfig | None = Field(None, description="None: no training")
+    score: ScoreConfig | None = Field(None, description="None: no score stage (and no scores "
+                                      "in the shards)")
     storage: StorageConfig = Field(default_factory=StorageConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
 
@@ -77,8 +81,52 @@ class Config(BaseModel):
                                  f"larger than the short side ({crop} > {side})"))
         if self.train is not None:
             problems += self._train_inputs(self.train)
+        problems += self._score_inputs()
         raise_if(problems)
         return self
+
+    @property
+    def score_model(self) -> str | None:
+        """The model the score stage scores with: score.model, else train.model; None
+        without a score section."""
+        if self.score is None:
+            return None
+        return self.score.model or (self.train.model if self.train is not None else None)
+
+    @property
+    def score_table(self) -> str | None:
+        """``scores/<key>``, the table of the score model; None without a score section."""
+        model = self.score_model
+        return None if model is None else f"{SCORES}/{score_key(model)}"
+
+    def _score_inputs(self) -> Found:
+        problems: Found = []
+        if self.score is None:
+            for key in ("min_score", "score_top_fraction"):
+                if getattr(self.shards, key) is not None:
+                    problems.append((("shards", key), "needs a score section (the model that "
+                                     "scores the clips)"))
+            return problems
+        model = self.score_model
+        if model is None:
+            problems.append((("score", "model"), "no train section to take the model from: name "
+                             "a trained model's folder under ROOT/train/ or milnce:<checkpoint>"))
+            return problems
+        weights = milnce_weights(model)
+        if weights is not None:
+            video = [e for e in self.features.extractors if e.name == "s3d_howto100m"]
+            if not video:
+                problems.append((("score", "model"), "milnce: scores the s3d_howto100m video "
+                                 "embeddings: add the s3d_howto100m extractor to features.extractors "
+                                 f"with weights: {weights}"))
+            elif video[0].weights != weights:
+                problems.append((("score", "model"), f"the s3d_howto100m extractor's weights are "
+                                 f"{video[0].weights!r}, not this checkpoint: the two towers must "
+                                 f"come from one file"))
+            if self.shards.score_by == "p_aligned":
+                problems.append((("shards", "score_by"), "p_aligned is the WAL discriminator's; "
+                                 "the MIL-NCE checkpoint has none"))
+        return problems
 
     def _train_inputs(self, train: TrainConfig) -> Found:
         extractors = {e.name: e for e in self.features.extractors}

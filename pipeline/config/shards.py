@@ -51,3 +51,23 @@ class ShardsConfig(BaseModel):
     samples_per_shard: int = Field(1000, gt=0, description="clips per shard, in both formats")
     webdataset: WebDatasetConfig = Field(default_factory=WebDatasetConfig)
     parquet: ParquetShardConfig = Field(default_factory=ParquetShardConfig)
+    # With a `score` section the shards carry each clip's score (a `score` column, a "score"
+    # field of the sample JSON) and wait for it: a video's clips are sharded once all of them
+    # are scored (or failed to be).
+    min_score: float | None = Field(
+        None, description="with a score section: drop the clips whose score is below this (of "
+        "the splits in score_splits); dropped clips are in no shard and are not errors")
+    score_top_fraction: float | None = Field(
+        None, gt=0, le=1, description="with a score section: keep the best ceil(f x n) of each "
+        "video's n clips by score (of the splits in score_splits)")
+    score_by: Literal["similarity", "p_aligned"] = Field(
+        "similarity", description="the score the shards carry and filter by: the model's pair "
+        "similarity, or the WAL-att-adv discriminator's P(aligned)")
+    score_splits: list[Literal["train", "val", "test"]] = Field(
+        ["train"], description="the splits min_score and score_top_fraction apply to; val and "
+        "test stay whole by default, so a model is not evaluated on pairs a model's score chose")
+
+    @property
+    def score_filter(self) -> bool:
+        """Whether a score filter is set (min_score or score_top_fraction)."""
+        return self.min_score is not None or self.score_top_fraction is not None

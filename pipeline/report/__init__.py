@@ -1,11 +1,11 @@
 """The report stage: ``report/stats.json`` and ``report/report.html`` from all tables, the
-newest build's timing, the shard listings and the training runs.
+newest build's timing, the shard listings, the training runs and the score tables.
 
-Gathering (``stats``, ``runs``, ``clips``) reads the corpus partition by partition; ``plots``
-draws the figures; ``render`` fills the Jinja template (``templates/report.html.j2``) with
-autoescaping, so every user-provided string (titles, sentences, queries, error messages) is
-escaped. The page is self-contained: figures and thumbnails are inlined as data: URIs, and it
-has no scripts and loads nothing.
+Gathering (``stats``, ``runs``, ``clips``, and ``pipeline.score_summary`` for the scores) reads
+the corpus partition by partition; ``plots`` draws the figures; ``render`` fills the Jinja
+template (``templates/report.html.j2``) with autoescaping, so every user-provided string
+(titles, sentences, queries, error messages) is escaped. The page is self-contained: figures
+and thumbnails are inlined as data: URIs, and it has no scripts and loads nothing.
 """
 
 from __future__ import annotations

@@ -45,16 +45,33 @@ def bar_plot(title: str, counts: dict[str, int], color: str = BLUE) -> str | Non
     return _png(figure)
 
 
-def hist_plot(title: str, hist: dict[str, Any], unit: str) -> str | None:
+def hist_plot(title: str, hist: dict[str, Any], unit: str, marks: dict[str, float] | None = None) -> str | None:
+    """A histogram; ``marks`` (label: value) as dashed vertical lines."""
     if not sum(hist["counts"]):
         return None
     figure, axes = _axes(6, 3)
     edges = hist["edges"]
     axes.bar(edges[:-1], hist["counts"], width=np.diff(edges), align="edge", color=GREEN,
              edgecolor="white")
+    for (label, value), color in zip((marks or {}).items(), (ORANGE, GREY, BLUE)):
+        axes.axvline(value, color=color, linestyle="dashed", linewidth=1, label=label)
+    if marks:
+        axes.legend(frameon=False, fontsize=8)
     axes.set_title(title)
     axes.set_xlabel(unit)
     return _png(figure)
+
+
+def score_plots(table: str, summary: dict[str, Any]) -> dict[str, str | None]:
+    """A score table's histograms of similarity and P(aligned), with the 10th, 50th and 90th
+    percentiles marked: what a ``shards.min_score`` there would leave out."""
+    plots = {}
+    for name, label in (("similarity", "Similarity of clip and sentence"), ("p_aligned", "P(aligned)")):
+        values = summary[name]
+        plots[name] = None if values is None else hist_plot(
+            f"{label}: {table}", values["histogram"], name,
+            {f"{float(q):.0%} of clips below": x for q, x in values["quantiles"].items()})
+    return plots
 
 
 def timing_plot(rows: list[dict[str, Any]]) -> str | None:
@@ -147,4 +164,5 @@ def figures(stats: dict[str, Any]) -> dict[str, Any]:
         "timing": timing_plot(timing["stages"]) if timing else None,
         "training": [{"recall": recall_plot(run), "curve": curve_plot(run)} if not run["problem"]
                      else {"recall": None, "curve": None} for run in stats["training"]],
+        "scores": {table: score_plots(table, summary) for table, summary in stats["scores"].items()},
     }

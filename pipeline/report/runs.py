@@ -7,7 +7,7 @@ import json
 import posixpath
 from typing import Any
 
-from pipeline.graph import ORDER, SPLITS
+from pipeline.graph import AFTER_TRAIN, ORDER, SPLITS
 from pipeline.shards.index import FORMATS, listing_path, load_listing
 from pipeline.storage import Corpus
 
@@ -18,6 +18,7 @@ _RATES = {
     "align": ("videos", 1.0, "videos/s"),
     "featurize": ("clips", 1.0, "clips/s"),
     "shard": ("clips", 1.0, "clips/s"),
+    "score": ("clips", 1.0, "clips/s"),
 }
 KS = (1, 5, 10)
 MC_CHOICES = 5  # Torabi's multiple-choice test: 1 true caption, 4 distractors
@@ -31,7 +32,10 @@ def _json(corpus: Corpus, path: str) -> Any:
 def build_timing(corpus: Corpus) -> dict[str, Any] | None:
     """Per part of the newest build: wall and task seconds, partitions, workers, items done
     and failed, and throughput (videos/min for download, clips/s for each featurize extractor,
-    items/s else). Times are per stage: featurize's extractors share theirs (``shared``)."""
+    items/s else). Times are per stage: featurize's extractors share theirs (``shared``). A
+    build that scores has a second partition pass after train (``after_train``): score, and
+    shard again for the clips that waited for their scores (its first pass kept under
+    ``first_pass``)."""
     paths = sorted(corpus.fs.glob(corpus.path("runs/build/*.json")))
     if not paths:
         return None
@@ -39,24 +43,36 @@ def build_timing(corpus: Corpus) -> dict[str, Any] | None:
     rows = []
     for name, part in record.get("stages", {}).items():
         stage = name.split(":", 1)[0]
-        if stage not in _RATES or not isinstance(part, dict):
+        # A pass that did not run (score without its model) holds why: "skipped".
+        if stage not in _RATES or not isinstance(part, dict) or "skipped" in part:
             continue
-        noun, factor, unit = _RATES[stage]
-        wall, done = part.get("wall_seconds") or 0.0, part.get("ok", 0)
-        rows.append({
-            "part": name, "stage": stage, "noun": noun,
-            "wall_s": wall, "task_s": part.get("task_seconds") or 0.0,
-            "partitions": part.get("partitions", 0), "workers": part.get("workers", []),
-            "items": part.get("items", 0), "done": done, "failed": sum(part.get("errors", {}).values()),
-            "skipped": part.get("skipped_done", 0),
-            "rate": round(done / wall * factor, 3) if wall > 0 and done else None, "unit": unit,
-            "stopped": part.get("stopped"),
-        })
-    rows.sort(key=lambda r: (ORDER.index(r["stage"]), r["part"]))
+        if isinstance(part.get("first_pass"), dict):
+            rows.append(_timing_row(f"{name} (first pass)", stage, part["first_pass"], False))
+            rows.append(_timing_row(f"{name} (after score)", stage, part, True))
+        else:
+            rows.append(_timing_row(name, stage, part, stage in AFTER_TRAIN))
+    # In the order they ran: the first pass in stage order; the pass after train runs score,
+    # then shard again.
+    rows.sort(key=lambda r: (r["after_train"], r["after_train"] and r["stage"] not in AFTER_TRAIN,
+                             ORDER.index(r["stage"]), r["part"]))
     for row in rows:  # featurize's extractors run in the same tasks: their time is the stage's
-        row["shared"] = sum(r["stage"] == row["stage"] for r in rows) > 1
+        row["shared"] = sum((r["stage"], r["after_train"]) == (row["stage"], row["after_train"]) for r in rows) > 1
     return {"build": record.get("finished", posixpath.basename(paths[-1])[:-5]),
             "file": posixpath.relpath(paths[-1], corpus.path()), "builds": len(paths), "stages": rows}
+
+
+def _timing_row(label: str, stage: str, part: dict[str, Any], after_train: bool) -> dict[str, Any]:
+    noun, factor, unit = _RATES[stage]
+    wall, done = part.get("wall_seconds") or 0.0, part.get("ok", 0)
+    return {
+        "part": label, "stage": stage, "after_train": after_train, "noun": noun,
+        "wall_s": wall, "task_s": part.get("task_seconds") or 0.0,
+        "partitions": part.get("partitions", 0), "workers": part.get("workers", []),
+        "items": part.get("items", 0), "done": done, "failed": sum(part.get("errors", {}).values()),
+        "skipped": part.get("skipped_done", 0),
+        "rate": round(done / wall * factor, 3) if wall > 0 and done else None, "unit": unit,
+        "stopped": part.get("stopped"),
+    }
 
 
 def _split_key(split: str) -> tuple[int, str]:

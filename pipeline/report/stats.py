@@ -14,7 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.graph import family_lineage
 from pipeline.report.runs import build_timing, shard_listing, training_runs
+from pipeline.score_summary import score_summary
 from pipeline.storage import Corpus
 from pipeline.summary import summarize
 
@@ -24,6 +26,8 @@ CLASS_CHARS = 120
 EXAMPLES = 3  # example rows per (stage, kind)
 CLASSES = 5  # message classes shown per (stage, kind)
 _CLASSES_KEPT = 1000  # per group while counting: the rarest are dropped past twice this
+SCORE_BINS = 20  # histogram bins of a score table's similarity and P(aligned)
+SCORE_EXAMPLES = 5  # best- and worst-scored clips shown per score table
 
 
 def message_classes(messages: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
@@ -137,7 +141,8 @@ def _add_extra(group: dict[str, Any], errors: pa.Table) -> None:
 
 def compute_stats(corpus: Corpus) -> dict[str, Any]:
     """The report's numbers, read partition by partition with Arrow (never a whole table),
-    with the newest build's timing, the shard listings and the training runs."""
+    with the newest build's timing, the shard listings, the training runs and the score
+    tables' distributions and examples."""
     summary = summarize(corpus)
     tables = summary["tables"]
     present = set(tables)
@@ -179,8 +184,9 @@ def compute_stats(corpus: Corpus) -> dict[str, Any]:
         "align": {"in": counts["aligned_videos"], "out": counts["clips"]},
     }
     for table in tables:
-        if table.startswith("features/"):
-            stages[f"featurize:{table.split('/', 1)[1]}"] = {"in": counts["clips"], "out": tables[table]}
+        lineage = family_lineage(table)
+        if lineage is not None:  # featurize:<extractor> and score:<model>, one row per clip
+            stages[lineage[0]] = {"in": counts["clips"], "out": tables[table]}
     by_message = Counter({f"{g['stage']}: {c['message']}": c["items"] for g in groups for c in g["classes"]})
     return {
         "root": corpus.url,
@@ -198,6 +204,7 @@ def compute_stats(corpus: Corpus) -> dict[str, Any]:
         "timing": build_timing(corpus),
         "shards": shard_listing(corpus),
         "training": training_runs(corpus),
+        "scores": score_summary(corpus, bins=SCORE_BINS, examples=SCORE_EXAMPLES),
     }
 
 

@@ -24,7 +24,7 @@ import yaml
 
 from pipeline.shards.index import ROOT
 from pipeline.storage import Corpus
-from schemas.tables import CLIPS
+from schemas.tables import CLIPS, SHARD_SCORE
 
 CARD = "README.md"
 SPLIT_ORDER = ("train", "val", "test")
@@ -85,7 +85,9 @@ def webdataset_features(corpus: Corpus, entries: list[dict]) -> list[dict[str, A
                 break
             key = base
             if member == "json":
-                members[member] = {"struct": [_feature(f) for f in CLIPS]}
+                # The clip row, and its score when the shards carry one.
+                fields = [*CLIPS, SHARD_SCORE] if "score" in json.load(tar.extractfile(info)) else list(CLIPS)
+                members[member] = {"struct": [_feature(f) for f in fields]}
             elif member == "txt":
                 members[member] = {"dtype": "string"}
             elif member == "mp4":
@@ -119,13 +121,14 @@ def _splits(entries: list[dict]) -> dict[str, dict[str, int]]:
 
 _WHAT = {
     "parquet": "one row per clip: the clip (`clip_id`, `video_id`, `start_s`, `end_s`, `text`, "
-               "`source`, `policy`, `segment_index`, `candidates`) and, per feature extractor, its "
-               "float16 values flattened (`<extractor>`) and their shape (`<extractor>_shape`). "
-               "Files: `split=<split>/part-<partition>-<n>.parquet`.",
-    "webdataset": "one sample per clip, keyed by `clip_id`: `json` (the clip row), `txt` (its "
-                  "sentence), `<extractor>.npy` (float16 features, `[T, D]` or `[D]`) and `mp4` "
-                  "when the corpus keeps clip media (bytes: `.cast_column(\"mp4\", datasets.Video())` "
-                  "decodes them, with torchcodec). Files: `<split>-<partition>-<n>.tar`.",
+               "`source`, `policy`, `segment_index`, `candidates`; `score` when the corpus scores "
+               "its clips) and, per feature extractor, its float16 values flattened (`<extractor>`) "
+               "and their shape (`<extractor>_shape`). Files: `split=<split>/part-<partition>-<n>.parquet`.",
+    "webdataset": "one sample per clip, keyed by `clip_id`: `json` (the clip row, with its `score` "
+                  "when the corpus scores its clips), `txt` (its sentence), `<extractor>.npy` "
+                  "(float16 features, `[T, D]` or `[D]`) and `mp4` when the corpus keeps clip media "
+                  "(bytes: `.cast_column(\"mp4\", datasets.Video())` decodes them, with torchcodec). "
+                  "Files: `<split>-<partition>-<n>.tar`.",
 }
 
 

@@ -1,10 +1,11 @@
 """Which shards exist and what clips each holds.
 
-Per partition, ``shards/_index/p<partition>.parquet``: one row per sharded clip (clip_id,
-split, shard number), with the partition's shard listing (names, counts, bytes, sha256 of both
-formats) in its footer. It is rewritten, whole and atomically, after each batch's shards are
-renamed into place, so a kill in between only means the batch is written again, under the
-same names and with the same bytes. Its clip ids are the shard stage's done keys.
+Per partition, ``shards/_index/p<partition>.parquet``: one row per clip the shard stage settled
+(clip_id, split, shard number; shard -1 when the score filter left the clip out), with the
+partition's shard listing (names, counts, bytes, sha256 of both formats) in its footer. It is
+rewritten, whole and atomically, after each batch's shards are renamed into place, so a kill in
+between only means the batch is written again, under the same names and with the same bytes.
+Its clip ids are the shard stage's done keys.
 
 Per format, ``shards/<format>/index.json`` lists every shard of the corpus (no clip lists),
 so readers find shards without listing a bucket; it is refreshed from the partitions a run
@@ -27,6 +28,7 @@ ROOT = "shards"
 INDEX_DIR = f"{ROOT}/_index"
 FORMATS = ("webdataset", "parquet")
 LISTING_KEY = b"vlcorpus.shards"
+DROPPED = -1  # the shard number of a clip the score filter left out
 _SCHEMA = pa.schema([pa.field("clip_id", pa.string(), nullable=False),
                      pa.field("split", pa.string(), nullable=False),
                      pa.field("shard", pa.int32(), nullable=False)])
@@ -78,6 +80,12 @@ class PartitionIndex:
         self.shards.append(entry)
         rows = pa.table({"clip_id": clips, "split": [entry.split] * len(clips),
                          "shard": [entry.number] * len(clips)}, schema=_SCHEMA)
+        self.clips = pa.concat_tables([self.clips, rows])
+
+    def drop(self, clips: list[str], split: str) -> None:
+        """Clips the score filter leaves out: done, in no shard (shard number -1)."""
+        rows = pa.table({"clip_id": clips, "split": [split] * len(clips), "shard": [DROPPED] * len(clips)},
+                        schema=_SCHEMA)
         self.clips = pa.concat_tables([self.clips, rows])
 
     def save(self, corpus: Corpus) -> None:

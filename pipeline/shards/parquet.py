@@ -1,4 +1,5 @@
-"""Parquet shards: clips joined with their features, partitioned by split (hive layout:
+"""Parquet shards: clips joined with their features (and their score, when the shards carry
+one), partitioned by split (hive layout:
 ``shards/parquet/split=train/part-<partition>-<number>.parquet``), row groups sized for readers.
 """
 
@@ -27,6 +28,7 @@ def _rows(batch: list[Sample], keys: list[str]) -> list[dict[str, Any]]:
     rows = []
     for sample in batch:
         row = {name: sample.clip.get(name) for name in CLIPS.names if name != "split"}
+        row["score"] = sample.score
         for key in keys:
             array = sample.features.get(key)
             row[key] = None if array is None else array.reshape(-1)
@@ -56,10 +58,11 @@ def _table(batch: list[Sample], keys: list[str], schema: pa.Schema) -> pa.Table:
 
 
 def write_part(corpus: Corpus, name: str, batch: list[Sample], keys: list[str],
-               row_group_size: int) -> ShardFile:
-    """One part file of ``batch`` (feature columns for every key in ``keys``), written under a
-    temporary name and renamed; returns its size and sha256."""
-    table = _table(batch, keys, shard_schema(keys))
+               row_group_size: int, score: bool = False) -> ShardFile:
+    """One part file of ``batch`` (feature columns for every key in ``keys``; with ``score``
+    a ``score`` column), written under a temporary name and renamed; returns its size and
+    sha256."""
+    table = _table(batch, keys, shard_schema(keys, score))
     with corpus.atomic_file(f"{FOLDER}/{name}") as handle:
         hasher = HashingWriter(handle)
         pq.write_table(table, hasher, row_group_size=row_group_size, compression="zstd")

@@ -25,12 +25,13 @@ CLIP_FIELDS = ("clip_id", "video_id", "start_s", "end_s", "text", "source", "pol
 class Sample:
     clip: dict[str, Any]
     features: dict[str, np.ndarray]  # feature key -> float16 array of its stored shape
+    score: float | None = None  # the clip's score, when the shards carry one (and it has one)
 
 
 def feature_tables(corpus: Corpus) -> dict[str, str]:
     """Feature key -> table, for every features table in the corpus."""
     prefix = f"{graph.FEATURES}/"
-    return {t[len(prefix):]: t for t in corpus.tables() if t.startswith(prefix)}
+    return {t[len(prefix):]: t for t in corpus.family_tables(graph.FEATURES)}
 
 
 def batch_features(corpus: Corpus, partition: str, clip_ids: list[str],

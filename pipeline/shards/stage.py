@@ -6,10 +6,18 @@ when ``max_bytes`` is reached first, then the next shard): shard N of a split ho
 clips in both formats. A clip whose media cannot be cut is an errors row (bad input, so it is
 not cut again on every run) and is in neither format. New clips go to new shards; shards
 already written are never rewritten.
+
+With a ``score`` section the shards carry each clip's score (``shards.score_by`` of
+``scores/<model>``: a ``score`` column, a "score" field of the JSON), and a video's clips wait
+until every one of them is scored or failed to be (so a filter per video sees the whole video).
+``shards.min_score`` and ``shards.score_top_fraction`` then leave clips out of both formats
+(of the splits in ``shards.score_splits``): such a clip is done, in the partition index with
+shard -1 and counted by reason in the stage's counters, not an error.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -17,12 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
+from pipeline import graph
 from pipeline.config import Config
 from pipeline.errors import BadInputError
 from pipeline.featurize import clips_with_media
 from pipeline.media import ClipCut, cut_clips
-from pipeline.runner import Item, Outcome, Stage, StageContext, run_partition
+from pipeline.runner import FINAL_KINDS, Item, Outcome, Stage, StageContext, run_partition
 from pipeline.setup import require_binaries
 from pipeline.shards.card import write_cards
 from pipeline.shards.index import PartitionIndex, ShardEntry, refresh_listings
@@ -59,18 +70,87 @@ def _write(corpus: Corpus, cfg: Config, partition: str, split: str, number: int,
         entry.files["webdataset"] = write_tar(corpus, tar_name(split, partition, number), records)
     if cfg.shards.parquet.enabled:
         entry.files["parquet"] = write_part(corpus, part_name(split, partition, number), samples,
-                                            keys, cfg.shards.parquet.row_group_size)
+                                            keys, cfg.shards.parquet.row_group_size, cfg.score is not None)
     return entry
 
 
+def _inputs(ctx: StageContext, partition: str, keys: pa.Array) -> pa.Table:
+    """Clips with their media path; with a score section only the clips of videos whose clips
+    are all scored or failed for good in the score stage (the others wait for a later run)."""
+    rows = clips_with_media(ctx, partition, keys)
+    table = ctx.config.score_table
+    if table is None or not rows.num_rows:
+        return rows
+    corpus = ctx.corpus
+    clips = corpus.read("clips", columns=["clip_id", "video_id"], partition=partition)
+    stage, _, _ = graph.family_lineage(table) or ("", "", "")  # score:<key>
+    errors = corpus.read("errors", columns=["item_id", "kind"], partition=partition,
+                         filter=ds.field("stage") == stage)
+    failed = errors.filter(pc.is_in(errors.column("kind"), pa.array(FINAL_KINDS))).column("item_id")
+    settled = pc.or_(pc.is_in(clips.column("clip_id"), corpus.done_keys(table, partition)),
+                     pc.is_in(clips.column("clip_id"), failed))
+    waiting = pc.unique(pc.filter(clips.column("video_id"), pc.invert(settled)))
+    return rows.filter(pc.invert(pc.is_in(rows.column("video_id"), waiting)))
+
+
+def _scores(ctx: StageContext, partition: str, items: Sequence[Item]) -> tuple[dict[str, float], set[str]]:
+    """The scores (``shards.score_by``) of the batch's clips, and the clips the score filter
+    leaves out: below ``min_score``, outside the best ``score_top_fraction`` of their video, or
+    without a score while a filter is set; only clips of the splits in ``score_splits``."""
+    cfg: Config = ctx.config
+    table = cfg.score_table
+    assert table is not None
+    corpus, scfg = ctx.corpus, cfg.shards
+    videos = sorted({i.rows[0]["video_id"] for i in items})
+    members = corpus.read("clips", columns=["clip_id", "video_id"], filter=ds.field("video_id").isin(videos),
+                          partition=partition)
+    ids = members.column("clip_id").to_pylist()
+    rows = corpus.read(table, columns=["clip_id", scfg.score_by], filter=ds.field("clip_id").isin(ids),
+                       partition=partition).to_pylist()
+    scores = {r["clip_id"]: r[scfg.score_by] for r in rows if r[scfg.score_by] is not None}
+    filtered = [i for i in items if i.rows[0]["split"] in scfg.score_splits]
+    if not scfg.score_filter or not filtered:
+        return scores, set()
+    dropped: set[str] = set()
+    if scfg.min_score is not None:
+        dropped |= {i.key for i in filtered if scores.get(i.key, -math.inf) < scfg.min_score}
+    if scfg.score_top_fraction is not None:
+        by_video: dict[str, list[str]] = {}
+        for cid, vid in zip(ids, members.column("video_id").to_pylist()):
+            by_video.setdefault(vid, []).append(cid)
+        kept: set[str] = set()
+        for clips in by_video.values():
+            ranked = sorted((c for c in clips if c in scores), key=lambda c: (-scores[c], c))
+            kept |= set(ranked[:math.ceil(scfg.score_top_fraction * len(clips))])
+        dropped |= {i.key for i in filtered if i.key not in kept}
+    dropped |= {i.key for i in filtered if i.key not in scores}
+    return scores, dropped
+
+
+def _why_dropped(key: str, scores: dict[str, float], cfg: Config) -> str:
+    if key not in scores:
+        return "dropped_no_score"
+    below = cfg.shards.min_score is not None and scores[key] < cfg.shards.min_score
+    return "dropped_min_score" if below else "dropped_top_fraction"
+
+
 def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
-    """Shards of one batch (one split of one partition): cut, read features, write both."""
+    """Shards of one batch (one split of one partition): score filter, cut, read features,
+    write both."""
     cfg: Config = ctx.config
     corpus = ctx.corpus
     wcfg = cfg.shards.webdataset
     partition = corpus.partition_of(items[0].rows[0]["video_id"])
     split = items[0].rows[0]["split"]
     outcomes: dict[str, Outcome] = {}
+    scores: dict[str, float] = {}
+    if cfg.score is not None:
+        scores, dropped = _scores(ctx, partition, items)
+        for item in items:
+            if item.key in dropped:
+                outcomes[item.key] = Outcome(item.key, rows=[{"clip_id": item.key, "entry": None, "split": split}],
+                                             stats={_why_dropped(item.key, scores, cfg): 1})
+        items = [i for i in items if i.key not in dropped]
     tables = feature_tables(corpus)
     keys = sorted(tables)
     number = PartitionIndex.load(corpus, partition).next_number(split)
@@ -87,12 +167,13 @@ def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
         pending: list[tuple[Sample, dict[str, Any]]] = []
         size = 0
         for sample in samples:
+            sample.score = scores.get(sample.clip["clip_id"])
             cut = media.get(sample.clip["clip_id"])
             mp4 = None
             if isinstance(cut, str):
                 with open(cut, "rb") as handle:
                     mp4 = handle.read()
-            record = encode(sample, mp4)
+            record = encode(sample, mp4, cfg.score is not None)
             if pending and size + record_bytes(record) > wcfg.max_bytes:
                 _flush(corpus, cfg, partition, split, number, pending, keys, outcomes)
                 number, pending, size = number + 1, [], 0
@@ -100,7 +181,7 @@ def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
             size += record_bytes(record)
         if pending:
             _flush(corpus, cfg, partition, split, number, pending, keys, outcomes)
-    return [outcomes[i.key] for i in items]
+    return list(outcomes.values())
 
 
 def _flush(corpus: Corpus, cfg: Config, partition: str, split: str, number: int,
@@ -125,11 +206,17 @@ class ShardSink:
                done: list[str], stats: dict[str, dict[str, int]], replace: bool) -> None:
         index = PartitionIndex.load(corpus, partition)
         by_shard: dict[int, tuple[ShardEntry, list[str]]] = {}
+        dropped: dict[str, list[str]] = {}
         for row in rows:
             entry = row["entry"]
+            if entry is None:  # left out by the score filter
+                dropped.setdefault(row["split"], []).append(row["clip_id"])
+                continue
             by_shard.setdefault(entry.number, (entry, []))[1].append(row["clip_id"])
         for entry, clips in by_shard.values():
             index.add(entry, clips)
+        for split, clips in dropped.items():
+            index.drop(clips, split)
         index.save(corpus)
 
     def finish(self, corpus: Corpus, partition: str) -> None:
@@ -137,7 +224,7 @@ class ShardSink:
 
 
 def make_stage(cfg: Config) -> Stage:
-    return Stage(name="shard", output="shards", source="clips", inputs=clips_with_media, process=process,
+    return Stage(name="shard", output="shards", source="clips", inputs=_inputs, process=process,
                  key="clip_id", group="split", order=("video_id", "start_s"),
                  info=("media_path",), sink=ShardSink(), batch_size=cfg.shards.samples_per_shard,
                  check=_check)

@@ -1,10 +1,10 @@
 """WebDataset tar shards: one sample per clip, key = clip_id.
 
-Members: ``json`` (the clip row), ``txt`` (its sentence), one ``<extractor>.npy`` per feature
-and, when configured, ``mp4`` (the clip cut from its video). Shards are
-``{split}-{partition}-{number:06d}.tar``, written under a temporary name and renamed when
-complete; tar headers carry no time or owner, so a rebuild from the same inputs gives the
-same bytes.
+Members: ``json`` (the clip row, and its score when the shards carry one), ``txt`` (its
+sentence), one ``<extractor>.npy`` per feature and, when configured, ``mp4`` (the clip cut from
+its video). Shards are ``{split}-{partition}-{number:06d}.tar``, written under a temporary
+name and renamed when complete; tar headers carry no time or owner, so a rebuild from the same
+inputs gives the same bytes.
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def encode(sample: Sample, mp4: bytes | None) -> dict[str, Any]:
-    clip = sample.clip
+def encode(sample: Sample, mp4: bytes | None, score: bool = False) -> dict[str, Any]:
+    """A sample's tar members; with ``score``, its JSON has a "score" field (null when the clip
+    has none)."""
+    clip = {**sample.clip, "score": sample.score} if score else sample.clip
     record: dict[str, Any] = {
         "__key__": clip["clip_id"],
         "json": json.dumps(clip, sort_keys=True, ensure_ascii=False).encode(),

@@ -98,7 +98,7 @@ def sample_words(n_words: int, n: int, rng: np.random.Generator, repeat: bool = 
     return np.sort(np.concatenate([np.arange(n_words), rng.choice(n_words, n - n_words, replace=True)]))
 
 
-def _pad(arrays: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+def pad(arrays: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, L, D] zero-padded and the [B, L] bool mask of real rows; [D] arrays count as L=1."""
     arrays = [np.atleast_2d(a) for a in arrays]
     length = max(a.shape[0] for a in arrays)
@@ -160,8 +160,8 @@ def collate(pairs: PairSet, idx: Sequence[int], opts: BatchOptions,
         if t.ndim == 2 and opts.n_words is not None:
             t = t[sample_words(len(t), opts.n_words, rng, opts.word_repeat)]
         text.append(t)
-    v, vm = _pad(visual)
-    t, tm = _pad(text)
+    v, vm = pad(visual)
+    t, tm = pad(text)
     batch = {"visual": v, "visual_mask": vm, "text": t, "text_mask": tm,
              "index": torch.tensor(vis_idx, dtype=torch.long), "text_index": torch.tensor(text_idx, dtype=torch.long)}
     if opts.wal:

@@ -33,10 +33,11 @@ def encode_all(model: RetrievalModel, pairs: PairSet, device: torch.device,
         batch = to_device(batch, device)
         vids.append(model.encode_video(batch["visual"], batch["visual_mask"]))
         texts.append(model.encode_text(batch["text"], batch["text_mask"]))
-    return _cat(vids), _cat(texts)
+    return concat_encoded(vids), concat_encoded(texts)
 
 
-def _cat(parts: list[Encoded]) -> Encoded:
+def concat_encoded(parts: list[Encoded]) -> Encoded:
+    """Encodings of consecutive chunks as one, [N, L, E] forms padded to the longest L."""
     if parts[0].emb.ndim == 2:
         return Encoded(torch.cat([p.emb for p in parts]))
     length = max(p.emb.shape[1] for p in parts)

@@ -7,7 +7,8 @@ known, the sentence itself and its activity phrases (Torabi et al.'s multiple-ch
 
 Loaders: `PairSet.from_corpus` (features tables joined with clips), `PairSet.from_shards` (the
 corpus's WebDataset or Parquet shards alone) and `PairSet.from_pairs_file` (the external parquet
-schema, see `PAIRS_SCHEMA`). Batches drawn from a `PairSet` are in `pipeline.train.batches`.
+schema, see `PAIRS_SCHEMA`); `to_pairs_file` and `to_corpus` (clips and features tables, for
+the stages after featurize) write them. Batches drawn from a `PairSet` are in `pipeline.train.batches`.
 """
 
 from __future__ import annotations
@@ -265,6 +266,35 @@ class PairSet:
                 table, "activities", source, lambda t: pa.types.is_list(t) and pa.types.is_string(t.value_type))]
         return cls(cols["pair_id"], cols["group"], cols["split"], arrays["visual"], arrays["text"], cands,
                    {"source": source}, captions, activities)
+
+    def to_corpus(self, corpus: Any, visual_name: str = "resnet34", text_name: str = "text:pairs",
+                  partitions: int = 2) -> list[str]:
+        """Write the pairs as a corpus's clips and features tables (`features/<visual_name>`,
+        `features/<text_name>`), so that the stages after featurize (train, score, shard) run on
+        them: group g is video `pairs-<g>`, its k-th pair the clip `pairs-<g>-<k*1000>-<k*1000+1000>`
+        whose text is the pair's caption (else its pair id). Returns the clip ids in pair order."""
+        from pipeline.ids import clip_id, safe_id
+
+        corpus.init_partitions(partitions)
+        position: dict[str, int] = {}
+        clips, visual, text, ids = [], [], [], []
+        captions = self.captions or self.pair_ids
+        for i, (group, split) in enumerate(zip(self.groups, self.splits)):
+            video = f"pairs-{safe_id(group)}"
+            k = position[video] = position.get(video, -1) + 1
+            cid = clip_id(video, k, k + 1)
+            ids.append(cid)
+            cands = None if self.candidates is None else [captions[j] for j in self.candidates[i]]
+            clips.append({"clip_id": cid, "video_id": video, "start_s": float(k), "end_s": float(k + 1),
+                          "text": captions[i], "source": "manual", "policy": "fixed", "segment_index": k,
+                          "candidates": cands, "split": split})
+            for rows, name, array in ((visual, visual_name, self.visual[i]), (text, text_name, self.text[i])):
+                rows.append({"clip_id": cid, "extractor": name, "weights": "none", "shape": list(array.shape),
+                             "values": array.reshape(-1).astype(np.float16)})
+        corpus.write_partitioned("clips", clips, "pairs", done=sorted(position))
+        for name, rows in ((visual_name, visual), (text_name, text)):
+            corpus.write_partitioned(f"features/{feature_key(name)}", rows, "pairs", done=ids)
+        return ids
 
     def to_pairs_file(self, path: str | Path) -> None:
         """Write the external pairs schema (the inverse of `from_pairs_file`)."""

@@ -1,6 +1,6 @@
 """The report: stats.json figures, escaping of user text, the sections (timing of the newest
-build, errors by stage and kind, shards, training), and the page in a real headless browser
-(Debian chromium through Playwright): no console errors, every image shown."""
+build, errors by stage and kind, shards, training, scores), and the page in a real headless
+browser (Debian chromium through Playwright): no console errors, every image shown."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pipeline import align, transcribe
 from pipeline.config import parse_config
 from pipeline.report import message_class, write_report
 from pipeline.runner import StageContext, StageReport, run_stage
+from pipeline.score_summary import score_summary
 from pipeline.shards.stage import write_shards
 from pipeline.stages import context
 from pipeline.storage import Corpus
@@ -35,7 +36,8 @@ TRANSCRIBE_ERRORS = {"aa-t1": "ffprobe: invalid data at byte 1234 in /media/aa-t
 def _build_record(corpus: Corpus, transcribed: StageReport, aligned: StageReport) -> None:
     """runs/build records as a pipelined build writes them (StageTotals over partition task
     results): download as the demo corpus's run went, featurize as if two extractors ran."""
-    from flows.build import StageTotals, record_run
+    from flows.build import record_run
+    from flows.partitions import StageTotals
 
     clips = aligned.rows
     stages = {  # stage: (its parts as a partition task reports them, start, seconds)
@@ -318,3 +320,76 @@ def test_page_renders_in_headless_chromium(reported, tmp_path):
     assert "transcribe · bad_input" in errors_text and HOSTILE in errors_text
     assert HOSTILE in samples and HOSTILE_TITLE in samples
     assert shot.stat().st_size > 10_000
+
+
+def _part(name: str, done: int, seconds: float) -> dict:
+    """A stage part's totals as a build records them (flows.partitions.StageTotals)."""
+    return {**asdict(StageReport(name, items=done, ok=done, rows=done, total=done, todo=done)),
+            "workers": ["w1"], "task_seconds": seconds, "wall_seconds": seconds, "partitions": 2}
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory) -> Corpus:
+    """A small corpus with a score table, made as tests/train/test_score.py makes one: trainkit's
+    noisy pairs (12 videos of 5 clips, each sentence with hostile text), a WAL-att-adv trained for
+    4 epochs (its discriminator from epoch 2) and the score stage; then the record of a build
+    that scored (the shard stage in two passes around score) and the report."""
+    import trainkit
+    from flows.build import record_run
+    from pipeline.scoring import make_stage
+    from pipeline.train.run import train_corpus
+
+    root = tmp_path_factory.mktemp("scored") / "corpus"
+    pairs, _ = trainkit.noisy_pairs(videos=12)
+    pairs.captions = [f"{HOSTILE} {pair}" for pair in pairs.pair_ids]
+    corpus = Corpus(str(root))
+    pairs.to_corpus(corpus, "resnet34", "text:synthetic")
+    cfg = parse_config({
+        "name": "scored", "root": str(root), "sources": [{"type": "urls", "urls": ["http://x/"]}],
+        "features": {"extractors": [{"name": "resnet34", "weights": "none"}, {"name": "text:synthetic"}]},
+        "train": {"model": "wal", "visual": "resnet34", "text": "text:synthetic", "epochs": 4, "embed_dim": 32,
+                  "batch_size": 32, "options": {"freeze_epochs": 2}},
+        "score": {"device": "cpu"}})
+    train_corpus(corpus, cfg, device="cpu")
+    run_stage(make_stage(cfg), context(corpus, cfg), batch_size=16)
+    record_run(corpus, {"featurize:resnet34": _part("featurize:resnet34", 60, 4.0),
+                        "shard": {**_part("shard", 42, 2.0), "first_pass": _part("shard", 0, 1.0)},
+                        "score:wal": _part("score:wal", 60, 3.0)})
+    write_report(StageContext(corpus, cfg))
+    return corpus
+
+
+def test_scores_section_shows_the_distribution_and_both_ends(scored):
+    stats = json.loads(scored.fs.cat(scored.path("report/stats.json")))
+    assert list(stats["scores"]) == ["scores/wal"]
+    wal = stats["scores"]["scores/wal"]
+    assert wal == score_summary(scored, bins=20, examples=5)["scores/wal"]
+    assert wal["clips"] == 60 and len(wal["similarity"]["histogram"]["counts"]) == 20
+    assert wal["p_aligned"] is not None  # the discriminator trained
+    assert stats["stages"]["score:wal"] == {"in": 60, "out": 60}
+    top, bottom = wal["top"], wal["bottom"]
+    assert len(top) == len(bottom) == 5
+    assert [r["similarity"] for r in top] == sorted((r["similarity"] for r in top), reverse=True)
+    assert top[0]["similarity"] == wal["similarity"]["max"] and bottom[0]["similarity"] == wal["similarity"]["min"]
+    # The build that scored: its first shard pass, then score and the shards that waited for it.
+    rows = [(r["part"], r["after_train"], r["shared"], r["unit"]) for r in stats["timing"]["stages"]]
+    assert rows == [("featurize:resnet34", False, False, "clips/s"), ("shard (first pass)", False, False, "clips/s"),
+                    ("score:wal", True, False, "clips/s"), ("shard (after score)", True, False, "clips/s")]
+
+    text = _page(scored)
+    assert HOSTILE not in text  # the sentences are escaped
+    page = _Page(text)
+    assert list(page.sections) == ["stages", "timing", "data", "sources", "errors", "shards", "training",
+                                   "scores", "samples"]
+    assert "#scores" in page.links
+    scores = _text(page, "scores")
+    assert "scores/wal 60 clips" in scores and "model wal" in scores
+    assert f"median {wal['similarity']['quantiles']['0.5']:,.3f}" in scores
+    assert f"rank 1 {wal['rank'].get('1', 0)} clips" in scores
+    best, worst = scores.split("Best-scored pairs")[1].split("Worst-scored pairs")
+    for shown, rows in ((best, top), (worst, bottom)):
+        cells = [f"{r['clip_id']} {r['text']} {r['similarity']:,.3f} {r['rank']} of {r['sentences']}" for r in rows]
+        positions = [shown.find(cell) for cell in cells]
+        assert -1 not in positions and positions == sorted(positions), cells  # in order, worst first below
+    pictures = re.findall(r'<img class="plot" alt="([^"]+)" src="data:image/png;base64,', text)
+    assert {"similarity histogram of scores/wal", "p_aligned histogram of scores/wal"} <= set(pictures)

@@ -249,6 +249,37 @@ def test_the_card_snippets_run(corpus, offline):
         assert {"resnet34", "resnet34.npy"} & set(batch[0])
 
 
+def test_scored_shards_load_with_their_score(tmp_path, offline):
+    """With a score section the shards carry each clip's score: the Parquet card lists the
+    column, the WebDataset card types it in the JSON, and datasets loads it in both."""
+    corpus = Corpus(str(tmp_path / "c"))
+    corpus.init_partitions(2)
+    _add_videos(corpus, SPLITS, {})
+    clips = _clips(corpus)
+    scores = {cid: round(0.01 * i, 2) for i, cid in enumerate(sorted(clips))}
+    corpus.write_partitioned("scores/nce", [
+        {"clip_id": cid, "model": "nce", "checkpoint": "file:best.pt#000000000000", "similarity": score,
+         "rank": 1, "sentences": 2, "p_aligned": None} for cid, score in scores.items()], "s", done=sorted(scores))
+    cfg = parse_config({"name": "scored", "sources": [{"type": "urls", "urls": ["http://x/"]}],
+                        "score": {"model": "nce"}, "shards": {"samples_per_shard": 3}})
+    write_shards(context(corpus, cfg))
+
+    parquet = read_card_header(Path(corpus.path(card_path("parquet"))).read_text())
+    assert [f["name"] for f in parquet["dataset_info"]["features"]] == shard_schema(list(FEATURES), score=True).names
+    assert {"name": "score", "dtype": "float32"} in parquet["dataset_info"]["features"]
+    tars = read_card_header(Path(corpus.path(card_path("webdataset"))).read_text())
+    (clip_row,) = [f for f in tars["dataset_info"]["features"] if f["name"] == "json"]
+    assert clip_row["struct"][-1] == {"name": "score", "dtype": "float32"}
+
+    for fmt, read in (("parquet", lambda row: (row["clip_id"], row["score"])),
+                      ("webdataset", lambda row: (row["__key__"], row["json"]["score"]))):
+        loaded = datasets.load_dataset(corpus.path("shards", fmt))
+        assert list(loaded) == ["train", "val", "test"]
+        found = dict(read(row) for split in loaded.values() for row in split)
+        assert found.keys() == scores.keys()
+        assert all(found[cid] == pytest.approx(score) for cid, score in scores.items())
+
+
 def test_webdataset_card_types_clip_media_as_bytes(tmp_path):
     """Members from the first sample of a tar: ``mp4`` as bytes (datasets' Video would need
     torchcodec to read a row), each .npy nested as deep as its array."""

@@ -42,7 +42,7 @@ def test_commit_read_and_replace(kind, memory_root, tmp_path):
 
 
 def test_every_table_has_a_versioned_schema():
-    assert set(TABLES) == {"videos", "downloads", "segments", "clips", "features", "errors"}
+    assert set(TABLES) == {"videos", "downloads", "segments", "clips", "features", "scores", "errors"}
     for name, schema in TABLES.items():
         assert schema.metadata[b"vlcorpus.table"] == name.encode()
         assert schema.metadata[b"vlcorpus.schema_version"] == SCHEMA_VERSION.encode()

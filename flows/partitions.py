@@ -1,0 +1,208 @@
+"""The partition passes of a build: every stage of a list over every partition, as one Prefect
+task per stage and partition on the Dask cluster, either pipelined (a chain of tasks per
+partition, at most ``execution.max_inflight_partitions`` chains at once) or a stage over all
+partitions before the next; with the build's progress shown as tasks finish, and each stage's
+totals (counts, wall and task seconds, workers) at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+import dask
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.futures import PrefectFuture, as_completed
+
+from flows.progress import BuildProgress
+from flows.shared import PREFECT
+
+from pipeline import limits, retention
+from pipeline.config import Config
+from pipeline.runner import StageReport, run_partition
+from pipeline.shards.stage import listing_report
+from pipeline.stages import context, parts
+from pipeline.storage import Corpus
+
+
+@task(name="partition-stage", task_run_name="{stage_name} p{partition}", retries=2,
+      retry_delay_seconds=[2, 10], cache_policy=NO_CACHE, persist_result=False)
+def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
+                   retry_failed: bool = False) -> dict[str, Any]:
+    """Every part of one stage over one partition (featurize: each extractor in turn); the
+    shard stage then drops the partition's media unless ``storage.keep_media``."""
+    started, began = time.monotonic(), time.time()
+    ctx = context(Corpus(root), cfg)
+    reports = {}
+    with limits.using(PREFECT):
+        for part in parts(stage_name, cfg):
+            size = part.batch_size or cfg.execution.batch_size
+            report = run_partition(part, ctx, partition, size, retry_failed)
+            if report.total:
+                get_run_logger().info(report.plan_line(part.name, partition))
+            reports[part.name] = asdict(report)
+    released = 0
+    if stage_name == "shard" and not cfg.storage.keep_media:
+        released = retention.release(ctx, partition)
+    return {"stage": stage_name, "partition": partition, "parts": reports, "released": released,
+            "worker": _worker_name(), "seconds": time.monotonic() - started, "began": began}
+
+
+@task(name="shard-listing", cache_policy=NO_CACHE, persist_result=False)
+def listing_task(root: str, cfg: Config, changed: list[str], written: int) -> dict[str, Any]:
+    return listing_report(Corpus(root), cfg, changed, written)
+
+
+def _worker_name() -> str:
+    """The Dask worker running this task, so a build can say where each stage ran."""
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().name)
+    except (ImportError, ValueError):
+        return "local"
+
+
+def prepare_download_limit(cfg: Config) -> None:
+    """Create or resize the global concurrency limit downloads take slots of to the config's
+    ``download.concurrency``; builds sharing a limit name should agree on its size."""
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(cfg.download.concurrency_limit, cfg.download.concurrency)
+
+
+class StageTotals:
+    """One stage's reports over partitions: counts per part, workers, task seconds."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, StageReport] = {}
+        self.workers: set[str] = set()
+        self.seconds = 0.0
+        self.partitions = 0
+        self.released = 0
+        self.span: tuple[float, float] | None = None  # first task's start, last task's end
+
+    def add(self, result: dict[str, Any]) -> None:
+        for name, report in result["parts"].items():
+            self.parts.setdefault(name, StageReport(name)).merge(StageReport(**report))
+        self.workers.add(result["worker"])
+        self.seconds += result["seconds"]
+        self.partitions += 1
+        self.released += result["released"]
+        began, ended = result["began"], result["began"] + result["seconds"]
+        self.span = (min(began, self.span[0]), max(ended, self.span[1])) if self.span else (began, ended)
+
+    def as_dicts(self) -> dict[str, dict[str, Any]]:
+        # Wall time: from the stage's first task to its last, overlapping other stages when
+        # pipelined; task seconds: summed over its tasks.
+        wall = round(self.span[1] - self.span[0], 3) if self.span else 0.0
+        return {name: {**asdict(report), "workers": sorted(self.workers), "task_seconds":
+                       round(self.seconds, 3), "wall_seconds": wall, "partitions": self.partitions}
+                for name, report in self.parts.items()}
+
+
+def _submit(stage: str, partition: str, corpus: Corpus, cfg: Config, retry_failed: bool,
+            after: PrefectFuture | None = None) -> PrefectFuture:
+    # GPU workers (`dask worker --resources GPU=1`) take featurize tasks when asked.
+    gpu = cfg.execution.gpu_resource and stage == "featurize"
+    with dask.annotate(**({"resources": {"GPU": 1}} if gpu else {})):
+        return partition_task.submit(stage, partition, corpus.url, cfg, retry_failed,
+                                     wait_for=[after] if after is not None else None)
+
+
+def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_failed: bool,
+                   pipelined: bool) -> dict[str, dict[str, Any]]:
+    """The partition stages over every partition: as one chain of tasks per partition with at
+    most ``execution.max_inflight_partitions`` chains at once, or one stage over all
+    partitions before the next. Returns each part's totals (and the shard listings)."""
+    logger = get_run_logger()
+    started = time.time()
+    labels = corpus.labels()
+    stage_names = [name for name in stage_names if parts(name, cfg)]  # featurize may have none
+    totals = {name: StageTotals() for name in stage_names}
+    results: list[dict[str, Any]] = []
+    if "download" in stage_names:
+        prepare_download_limit(cfg)
+    progress = BuildProgress(stage_names, len(labels))
+    failure: BaseException | None = None
+
+    def collect(future: PrefectFuture) -> None:
+        nonlocal failure
+        try:
+            result = future.result()
+        except Exception as exc:  # noqa: BLE001 - raised once the tasks in flight are done
+            # A task that failed past its retries (a setup problem, a full disk): start no new
+            # partition, let the others finish their batches, then fail the build. The tasks
+            # after it in its chain do not run and end here too.
+            failure = failure or exc
+            return
+        results.append(result)
+        progress.finished(result)
+
+    try:
+        if pipelined:
+            limit = cfg.execution.max_inflight_partitions
+            logger.info("%d partitions, %d at a time: %s", len(labels), limit, " -> ".join(stage_names))
+            waiting: dict[PrefectFuture, str] = {}
+            left: dict[str, int] = {}  # partition in flight -> its tasks not finished
+            pending = list(labels)
+            while pending or waiting:
+                while pending and len(left) < limit and failure is None:
+                    partition = pending.pop(0)
+                    previous = None
+                    for stage in stage_names:
+                        previous = _submit(stage, partition, corpus, cfg, retry_failed, previous)
+                        waiting[previous] = partition
+                    left[partition] = len(stage_names)
+                if not waiting:
+                    break
+                finished = next(as_completed(list(waiting)))
+                partition = waiting.pop(finished)
+                count = len(results)
+                collect(finished)
+                if _stopped(results[count:]):
+                    pending.clear()  # a stage stopped (downloads blocked): no new partitions
+                left[partition] -= 1
+                if not left[partition]:
+                    del left[partition]
+        else:
+            for stage in stage_names:
+                for future in as_completed([_submit(stage, p, corpus, cfg, retry_failed) for p in labels]):
+                    collect(future)
+                if failure is not None:
+                    break
+                logger.info("%s: %d partitions done", stage, len(labels))
+    finally:
+        progress.close()
+    if failure is not None:
+        raise failure
+    for result in results:
+        totals[result["stage"]].add(result)
+    ctx = context(corpus, cfg)
+    for name in stage_names:
+        for part in parts(name, cfg):
+            report = totals[name].parts.get(part.name)
+            if report is None:
+                continue
+            if report.stopped:
+                logger.warning("%s: %s", part.name, report.stopped)
+            if part.finish is not None:
+                with limits.using(PREFECT):
+                    report.figures = part.finish(ctx, report, started)
+    out: dict[str, dict[str, Any]] = {}
+    for total in totals.values():
+        out.update(total.as_dicts())
+    if "shard" in stage_names:
+        shard = totals["shard"]
+        changed = sorted(r["partition"] for r in results
+                         if r["stage"] == "shard" and any(p["ok"] for p in r["parts"].values()))
+        written = shard.parts["shard"].ok if "shard" in shard.parts else 0
+        out["shard"] = {**out.get("shard", {}), **listing_task(corpus.url, cfg, changed, written),
+                        "media_released": shard.released}
+    return out
+
+
+def _stopped(results: list[dict[str, Any]]) -> bool:
+    return any(p.get("stopped") for r in results for p in r["parts"].values())

@@ -1,0 +1,405 @@
+"""The score stage (pipeline/scoring.py, pipeline/train/scorer.py) and the shards it filters:
+one row per clip with its similarity, its rank among its video's sentences and WAL-att-adv's
+P(aligned); resumable, redone for a retrained model; the MIL-NCE checkpoint's two towers; shards
+that carry the score and leave clips out by it in both formats; a self-training round on a
+corpus with known swapped sentences."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+import torch
+
+import trainkit
+from pipeline.config import ConfigError, parse_config
+from pipeline.errors import SetupError
+from pipeline.runner import plan_partition, run_stage
+from pipeline.scoring import load_scorer, make_stage, unavailable
+from pipeline.shards import open_parquet, open_webdataset, write_shards
+from pipeline.shards.index import DROPPED, PartitionIndex
+from pipeline.stages import context
+from pipeline.storage import Corpus
+from pipeline.train.evaluation import similarity_matrix
+from pipeline.train.loop import selected_checkpoint
+from pipeline.train.models import build_model
+from pipeline.train.pairs import PairSet
+from pipeline.train.run import train_corpus
+from pipeline.validate import validate
+
+CPU = torch.device("cpu")
+
+
+def _config(root: Path, score: dict | None = None, shards: dict | None = None, **train):
+    return parse_config({
+        "name": "scoretest", "root": str(root),
+        "sources": [{"type": "urls", "urls": ["http://127.0.0.1/x"]}],
+        "features": {"extractors": [{"name": "resnet34", "weights": "none"}, {"name": "text:synthetic"}]},
+        "train": {"model": "wal", "visual": "resnet34", "text": "text:synthetic", "epochs": 12, "embed_dim": 32,
+                  "batch_size": 32, "lr_milestones": [10], "options": {"freeze_epochs": 8}, **train},
+        "score": {"batch_size": 7, "device": "cpu", **(score or {})},
+        "shards": {"samples_per_shard": 8, **(shards or {})},
+    })
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, list[str], np.ndarray]:
+    """A corpus of 24 videos x 5 clips, 30 % of its training pairs swapped, and a WAL-att-adv
+    trained on it (its discriminator trains from epoch 8 of 12)."""
+    root = tmp_path_factory.mktemp("scored") / "root"
+    pairs, bad = trainkit.noisy_pairs()
+    corpus = Corpus(str(root))
+    ids = pairs.to_corpus(corpus, "resnet34", "text:synthetic")
+    train_corpus(corpus, _config(root), device="cpu")
+    return root, ids, bad
+
+
+def _copy(trained, path: Path) -> Corpus:
+    shutil.copytree(trained[0], path)
+    return Corpus(str(path))
+
+
+def _scores(corpus: Corpus, cfg) -> dict[str, dict]:
+    return {r["clip_id"]: r for r in corpus.read(cfg.score_table).to_pylist()}
+
+
+def _auc(scores: dict[str, dict], ids: list[str], bad: np.ndarray, splits: list[str], key: str) -> float:
+    train = [i for i, s in enumerate(splits) if s == "train"]
+    good = np.array([scores[ids[i]][key] for i in train if not bad[i]])
+    swapped = np.array([scores[ids[i]][key] for i in train if bad[i]])
+    return float((good[:, None] > swapped[None]).mean() + 0.5 * (good[:, None] == swapped[None]).mean())
+
+
+def test_one_row_per_clip_its_rank_among_its_videos_sentences_and_p_aligned(trained, tmp_path):
+    corpus = _copy(trained, tmp_path / "root")
+    cfg = _config(tmp_path / "root")
+    report = run_stage(make_stage(cfg), context(corpus, cfg), batch_size=7)
+    clips = corpus.read("clips").to_pylist()
+    assert report.ok == len(clips) == 120 and not report.errors
+    scores = _scores(corpus, cfg)
+    assert sorted(scores) == sorted(c["clip_id"] for c in clips)
+    assert corpus.read(cfg.score_table).num_rows == 120  # one row per clip
+    checkpoint = selected_checkpoint(tmp_path / "root" / "train" / "wal")
+    assert {r["checkpoint"] for r in scores.values()} == {
+        f"file:train/wal/checkpoints/{checkpoint.name}#{load_scorer(corpus, cfg).checkpoint.split('#')[1]}"}
+    assert {r["model"] for r in scores.values()} == {"wal"}
+    assert all(r["sentences"] == 5 and 1 <= r["rank"] <= 5 for r in scores.values())
+    assert all(0.0 <= r["p_aligned"] <= 1.0 for r in scores.values())  # the discriminator trained
+
+    # The rank and similarity, computed apart with the evaluation's similarity matrix, video by video.
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    model = build_model(cfg.train, state["visual_dim"], state["text_dim"])
+    model.load_state_dict(state["model"])
+    pairs = PairSet.from_corpus(corpus, "resnet34", "text:synthetic")
+    best_is_own = 0
+    for video in sorted(set(pairs.groups)):
+        idx = [i for i, g in enumerate(pairs.groups) if g == video]
+        sim = similarity_matrix(model, pairs.subset(idx), CPU)  # [text, clip]
+        for k, i in enumerate(idx):
+            row = scores[pairs.pair_ids[i]]
+            assert row["similarity"] == pytest.approx(sim[k, k], abs=1e-5)
+            assert row["rank"] == 1 + int((sim[:, k] > sim[k, k] + 1e-6).sum())
+            assert (row["rank"] == 1) == (int(sim[:, k].argmax()) == k)  # rank 1: its sentence matches best
+            best_is_own += row["rank"] == 1
+    assert best_is_own > 60  # most pairs are clean and the model learnt them
+
+
+def test_batches_that_split_a_video_rank_as_one(trained, tmp_path):
+    corpus = _copy(trained, tmp_path / "root")
+    small, large = _config(tmp_path / "root"), _config(tmp_path / "root", score={"batch_size": 1000})
+    run_stage(make_stage(small), context(corpus, small), batch_size=3)  # 5 clips a video: split
+    first = _scores(corpus, small)
+    shutil.rmtree(tmp_path / "root" / "scores")
+    run_stage(make_stage(large), context(corpus, large), batch_size=1000)
+    again = _scores(corpus, large)
+    assert first.keys() == again.keys()
+    for cid, row in first.items():
+        assert row["rank"] == again[cid]["rank"]
+        assert row["similarity"] == pytest.approx(again[cid]["similarity"], abs=1e-5)
+
+
+def test_resumable_and_scored_again_for_a_retrained_model(trained, tmp_path):
+    root = tmp_path / "root"
+    corpus = _copy(trained, root)
+    cfg = _config(root)
+    stage, ctx = make_stage(cfg), context(corpus, cfg)
+    first = run_stage(stage, ctx, batch_size=7)
+    assert first.ok == 120
+    plans = [plan_partition(stage, ctx, p) for p in corpus.labels()]
+    assert sum(p.report.todo for p in plans) == 0 and sum(p.report.skipped_done for p in plans) == 120
+    second = run_stage(stage, ctx, batch_size=7)
+    assert second.items == 0 and second.skipped_done == 120
+    before = _scores(corpus, cfg)
+
+    # Trained again (another seed, from scratch): its checkpoint differs, every row is redone.
+    train_corpus(corpus, _config(root, seed=1), device="cpu", resume=False)
+    plans = [plan_partition(stage, ctx, p) for p in corpus.labels()]
+    assert sum(len(p.redo) for p in plans) == 120 and sum(p.report.todo for p in plans) == 120
+    third = run_stage(stage, ctx, batch_size=50)
+    assert third.ok == 120
+    after = _scores(corpus, cfg)
+    assert corpus.read(cfg.score_table).num_rows == 120
+    assert len({r["checkpoint"] for r in after.values()}) == 1
+    assert {r["checkpoint"] for r in after.values()} != {r["checkpoint"] for r in before.values()}
+    assert run_stage(stage, ctx, batch_size=7).items == 0
+    assert validate(corpus) == []
+
+
+def test_status_counts_the_score_stage_last(trained, tmp_path):
+    from pipeline.status import corpus_status
+
+    corpus = _copy(trained, tmp_path / "root")
+    cfg = _config(tmp_path / "root")
+    before = corpus_status(corpus, cfg)["stages"]
+    assert list(before)[-1] == "score:wal"  # after the shard stage, as in a build
+    assert before["score:wal"] == {"table": "scores/wal", "upstream": 120, "done": 0, "failed": {}, "final": 0,
+                                   "todo": 120}
+    run_stage(make_stage(cfg), context(corpus, cfg), batch_size=50)
+    after = corpus_status(corpus, cfg)["stages"]["score:wal"]
+    assert (after["done"], after["todo"]) == (120, 0)
+
+
+def test_a_clip_without_features_is_an_error_and_no_model_stops_the_stage(trained, tmp_path):
+    root = tmp_path / "root"
+    corpus = _copy(trained, root)
+    cfg = _config(root)
+    gone = "pairs-v01-0-1000"
+    # Drop one clip's visual features by rewriting its partition without it.
+    partition = corpus.partition_of("pairs-v01")
+    kept = corpus.read("features/resnet34", partition=partition)
+    kept = kept.filter(pc.invert(pc.equal(kept.column("clip_id"), gone)))
+    shutil.rmtree(root / "features" / "resnet34" / f"partition={partition}")
+    corpus.write_batch("features/resnet34", kept, "kept", partition, done=kept.column("clip_id").to_pylist())
+    report = run_stage(make_stage(cfg), context(corpus, cfg), batch_size=7)
+    assert report.ok == 119 and report.errors == {"bad_input": 1}
+    errors = corpus.read("errors").to_pylist()
+    assert [(e["stage"], e["item_id"]) for e in errors] == [("score:wal", gone)]
+    assert "features/resnet34" in errors[0]["message"]
+
+    other = _config(root, score={"model": "nce"})
+    assert "no checkpoint" in unavailable(corpus, other)
+    with pytest.raises(SetupError, match="no checkpoint"):
+        run_stage(make_stage(other), context(corpus, other), batch_size=7)
+
+
+def test_milnce_scores_with_the_checkpoints_two_towers(tmp_path):
+    from pipeline.features.milnce import S3DG
+    from pipeline.features.weights import file_id
+    from pipeline.train.scorer import MilNceScorer
+
+    torch.manual_seed(3)
+    weights = tmp_path / "s3d_howto100m.pth"
+    torch.save(S3DG().state_dict(), weights)
+    np.save(tmp_path / "s3d_dict.npy", np.array(["open", "the", "door", "cut", "tomato", "wash", "pan", "stir"]))
+    sentences = {"v0": ["open the door", "cut the tomato", "wash the pan"], "v1": ["stir the pan", "open the tomato"]}
+    root = tmp_path / "root"
+    cfg = parse_config({
+        "name": "milnce", "root": str(root), "sources": [{"type": "urls", "urls": ["http://127.0.0.1/x"]}],
+        "features": {"extractors": [{"name": "s3d_howto100m", "weights": str(weights)}]},
+        "score": {"model": f"milnce:{weights}", "device": "cpu", "batch_size": 2}})
+    assert cfg.score_table == "scores/milnce_s3d_howto100m"
+    tower = MilNceScorer(str(weights), "x", "cpu")
+    corpus = Corpus(str(root))
+    corpus.init_partitions(1)
+    clips, features, expected = [], [], {}
+    for video, texts in sentences.items():
+        emb = tower.encode_text(texts).emb.numpy()  # [sentences, 512]
+        for k, text in enumerate(texts):
+            cid = f"demo-{video}-{k * 1000}-{k * 1000 + 1000}"
+            clips.append({"clip_id": cid, "video_id": f"demo-{video}", "start_s": float(k), "end_s": k + 1.0,
+                          "text": text, "source": "manual", "policy": "fixed", "split": "train"})
+            # A video embedding whose dot product is 1 with the sentence it shows and 0 with the
+            # others: its own, but for the last clip of v0, which shows what the first one says.
+            shown = 0 if (video, k) == ("v0", 2) else k
+            vec = (np.linalg.pinv(emb) @ np.eye(len(texts))[shown]).astype(np.float16)
+            features.append({"clip_id": cid, "extractor": "s3d_howto100m", "weights": file_id(str(weights)),
+                             "shape": [512], "values": vec})
+            sims = emb @ vec.astype(np.float32)
+            expected[cid] = (sims[k], 1 + int((sims > sims[k] + 1e-3).sum()))
+    features[-1]["weights"] = "file:other.pth#000000000000"  # made with another file: refused
+    corpus.write_partitioned("clips", clips, "c", done=["demo-v0", "demo-v1"])
+    corpus.write_partitioned("features/s3d_howto100m", features, "f", done=[f["clip_id"] for f in features])
+
+    report = run_stage(make_stage(cfg), context(corpus, cfg), batch_size=2)
+    assert report.ok == 4 and report.errors == {"bad_input": 1}
+    scores = _scores(corpus, cfg)
+    assert set(scores) == set(expected) - {clips[-1]["clip_id"]}
+    for cid, row in scores.items():
+        assert row["similarity"] == pytest.approx(expected[cid][0], abs=1e-3)
+        assert row["rank"] == expected[cid][1]
+        assert row["p_aligned"] is None and row["checkpoint"] == file_id(str(weights))
+    assert scores["demo-v0-2000-3000"]["rank"] > 1 and scores["demo-v0-0-1000"]["rank"] == 1
+    error = corpus.read("errors").to_pylist()[0]
+    assert error["item_id"] == clips[-1]["clip_id"] and "other.pth" in error["message"]
+
+
+def test_shards_carry_the_score_and_filter_by_it_in_both_formats(trained, tmp_path):
+    root = tmp_path / "root"
+    corpus = _copy(trained, root)
+    cfg = _config(root, shards={"min_score": 0.5})
+    ctx = context(corpus, cfg)
+    waiting = write_shards(ctx)  # no scores yet: every video waits for its scores
+    assert waiting["webdataset"]["samples"] == waiting["parquet"]["samples"] == 0
+    run_stage(make_stage(cfg), ctx, batch_size=7)
+    scores = _scores(corpus, cfg)
+    clips = {c["clip_id"]: c for c in corpus.read("clips").to_pylist()}
+    # The median training score as the threshold: about half the training clips go.
+    threshold = float(np.median([scores[c]["similarity"] for c, row in clips.items() if row["split"] == "train"]))
+    cfg = _config(root, shards={"min_score": threshold})
+    ctx = context(corpus, cfg)
+    keep = {c for c, row in clips.items() if row["split"] != "train" or scores[c]["similarity"] >= threshold}
+    assert len(clips) - len(keep) == 45
+
+    written = write_shards(ctx)
+    assert written["webdataset"]["samples"] == written["parquet"]["samples"] == len(keep)
+    tar = {s["clip_id"]: s["json"]["score"] for s in open_webdataset(str(root / "shards" / "webdataset"))}
+    table = open_parquet(str(root / "shards" / "parquet")).to_table(columns=["clip_id", "score", "split"])
+    parquet = dict(zip(table.column("clip_id").to_pylist(), table.column("score").to_pylist()))
+    assert set(tar) == set(parquet) == keep
+    for cid in keep:
+        assert tar[cid] == pytest.approx(scores[cid]["similarity"], abs=1e-6)
+        assert parquet[cid] == pytest.approx(scores[cid]["similarity"], abs=1e-6)
+    dropped = set()
+    for label in corpus.labels():
+        index = PartitionIndex.load(corpus, label).clips.to_pylist()
+        dropped |= {r["clip_id"] for r in index if r["shard"] == DROPPED}
+    assert dropped == set(clips) - keep
+    assert write_shards(ctx)["webdataset"]["written"] == 0  # dropped clips are done, not redone
+    assert not corpus.tables().count("errors")
+
+    # The best half of every training video, by P(aligned): the same clips in both formats.
+    top = tmp_path / "top"
+    corpus = _copy(trained, top)
+    cfg = _config(top, shards={"score_top_fraction": 0.5, "score_by": "p_aligned"})
+    ctx = context(corpus, cfg)
+    run_stage(make_stage(cfg), ctx, batch_size=7)
+    report = write_shards(ctx)
+    scores = _scores(corpus, cfg)
+    by_video: dict[str, list[str]] = {}
+    for cid, clip in clips.items():
+        by_video.setdefault(clip["video_id"], []).append(cid)
+    expected = set()
+    for members in by_video.values():
+        if clips[members[0]]["split"] != "train":
+            expected |= set(members)
+            continue
+        ranked = sorted(members, key=lambda c: (-scores[c]["p_aligned"], c))
+        expected |= set(ranked[:math.ceil(0.5 * len(members))])  # 3 of 5
+    tar = {s["clip_id"]: s["json"]["score"] for s in open_webdataset(str(top / "shards" / "webdataset"))}
+    table = open_parquet(str(top / "shards" / "parquet")).to_table(columns=["clip_id", "score"])
+    assert set(tar) == set(table.column("clip_id").to_pylist()) == expected
+    assert report["parquet"]["samples"] == len(expected) == 30 + 18 * 3
+    assert all(tar[c] == pytest.approx(scores[c]["p_aligned"], abs=1e-6) for c in expected)
+
+
+def test_a_self_training_round_separates_the_swapped_pairs(trained, tmp_path):
+    """Train, score, keep the better half of each training video, train again on the shards."""
+    root = tmp_path / "root"
+    corpus = _copy(trained, root)
+    pairs, bad = trainkit.noisy_pairs()
+    ids = trained[1]
+    cfg = _config(root, shards={"score_top_fraction": 0.7})
+    ctx = context(corpus, cfg)
+    run_stage(make_stage(cfg), ctx, batch_size=7)
+    scores = _scores(corpus, cfg)
+    # Chance is 0.5. (P(aligned) of a discriminator trained 4 epochs is no better than chance
+    # here, and can be reversed: bench/score_noisy.py measures it at the bench's scale.)
+    assert _auc(scores, ids, bad, pairs.splits, "similarity") > 0.75
+    write_shards(ctx)
+
+    kept = set(open_parquet(str(root / "shards" / "parquet")).to_table(columns=["clip_id"]).column("clip_id")
+               .to_pylist())
+    train = [i for i, s in enumerate(pairs.splits) if s == "train"]
+    share_before = bad[train].mean()
+    share_after = np.mean([bad[i] for i in train if ids[i] in kept])
+    # 30 % swapped before; one clip of 5 left out per video cannot remove every swap, but the
+    # ones it removes are mostly swaps.
+    assert share_before == pytest.approx(0.3) and share_after < 0.2
+    again = train_corpus(corpus, cfg, out=root / "train" / "wal-filtered", device="cpu",
+                         shards=str(root / "shards" / "parquet"))
+    assert again["n_test"] == 30 and again["t2v"]["R@5"] > 5 * 100 / 30  # well above chance
+
+
+def test_config_score_section_problems(tmp_path):
+    base = {"name": "c", "sources": [{"type": "urls", "urls": ["http://127.0.0.1/x"]}]}
+    with pytest.raises(ConfigError, match="score.model: no train section"):
+        parse_config({**base, "score": {}})
+    with pytest.raises(ConfigError, match="shards.min_score: needs a score section"):
+        parse_config({**base, "shards": {"min_score": 0.2}})
+    with pytest.raises(ConfigError, match="add the s3d_howto100m extractor"):
+        parse_config({**base, "score": {"model": "milnce:/m/s3d_howto100m.pth"}})
+    with pytest.raises(ConfigError, match="not this checkpoint"):
+        parse_config({**base, "score": {"model": "milnce:/m/s3d_howto100m.pth"},
+                      "features": {"extractors": [{"name": "s3d_howto100m", "weights": "/m/other.pth"}]}})
+    with pytest.raises(ConfigError, match="score.model"):
+        parse_config({**base, "score": {"model": "../wal"}})
+    with pytest.raises(ConfigError, match="score_top_fraction"):
+        parse_config({**base, "score": {"model": "wal"}, "shards": {"score_top_fraction": 1.5}})
+    cfg = parse_config({**base, "score": {"model": "nce"}})
+    assert cfg.score_table == "scores/nce" and cfg.shards.score_splits == ["train"]
+
+
+def test_score_summary_for_the_report(trained, tmp_path):
+    from pipeline.score_summary import score_summary
+
+    corpus = _copy(trained, tmp_path / "root")
+    assert score_summary(corpus) == {}
+    cfg = _config(tmp_path / "root")
+    run_stage(make_stage(cfg), context(corpus, cfg), batch_size=7)
+    summary = score_summary(corpus, bins=10, examples=3)
+    assert list(summary) == ["scores/wal"]
+    wal = summary["scores/wal"]
+    scores = _scores(corpus, cfg)
+    sims = sorted(r["similarity"] for r in scores.values())
+    assert wal["clips"] == 120 and wal["models"] == ["wal"] and len(wal["checkpoints"]) == 1
+    assert sum(wal["similarity"]["histogram"]["counts"]) == 120 and len(wal["similarity"]["histogram"]["edges"]) == 11
+    assert wal["similarity"]["min"] == pytest.approx(sims[0]) and wal["similarity"]["max"] == pytest.approx(sims[-1])
+    assert wal["similarity"]["mean"] == pytest.approx(np.mean(sims))
+    assert abs(wal["similarity"]["quantiles"]["0.5"] - np.median(sims)) < 0.01
+    assert sum(wal["p_aligned"]["histogram"]["counts"]) == 120
+    assert sum(wal["rank"].values()) == 120 and set(wal["rank"]) <= {"1", "2", "3", "4", "5"}
+    assert sum(p["clips"] for p in wal["partitions"].values()) == 120
+    assert [r["similarity"] for r in wal["top"]] == pytest.approx(sims[::-1][:3])
+    assert [r["similarity"] for r in wal["bottom"]] == pytest.approx(sims[:3])
+    assert all(r["text"].startswith("sentence ") and r["video_id"] for r in wal["top"] + wal["bottom"])
+
+
+@pytest.mark.slow
+def test_a_build_scores_after_training_then_shards_and_reports(prefect_harness, monkeypatch, tmp_path):
+    """build_corpus as a Prefect flow on a local Dask cluster (the stages before featurize and
+    the report stubbed out): train, then the score pass with the shards that waited for their
+    scores, then the report, which sees the scores; a second build has nothing to do."""
+    from flows.build import run_build
+    from pipeline import stages
+    from pipeline.runner import Step
+
+    for name in ("discover", "download", "transcribe", "align", "featurize"):
+        monkeypatch.setitem(stages.BUILT, name, lambda cfg: [])
+    seen = []
+
+    def report(ctx):
+        seen.append(ctx.corpus.tables())
+        return {"html": "none"}
+
+    monkeypatch.setitem(stages.BUILT, "report", lambda cfg: [Step("report", report)])
+    root = tmp_path / "root"
+    pairs, _ = trainkit.noisy_pairs(videos=12)
+    pairs.to_corpus(Corpus(str(root)), "resnet34", "text:synthetic")
+    cfg = _config(root, shards={"score_top_fraction": 0.6}, epochs=4)
+    cfg = cfg.model_copy(update={"execution": cfg.execution.model_copy(update={"n_workers": 1})})
+
+    first = run_build(cfg)
+    assert first["tables"]["scores/wal"] == 60
+    assert first["stages"]["score:wal"]["ok"] == 60
+    assert first["stages"]["shard"]["first_pass"]["webdataset"]["samples"] == 0  # waited for scores
+    assert first["stages"]["shard"]["parquet"]["samples"] == 15 + 9 * 3  # test whole, 3 of 5 in train
+    assert first["stages"]["shard"]["counters"] == {"dropped_top_fraction": 18}
+    assert seen and "scores/wal" in seen[-1]  # the report ran after the scores
+    second = run_build(cfg)
+    assert second["stages"]["score:wal"]["items"] == 0 and second["stages"]["score:wal"]["skipped_done"] == 60
+    assert second["stages"]["shard"]["parquet"]["written"] == 0
+    assert validate(Corpus(str(root))) == []
