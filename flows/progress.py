@@ -31,7 +31,6 @@ class StageProgress:
     before: int = 0  # items done by earlier runs
     ok: int = 0
     failed: int = 0
-    seconds: float = 0.0
     started: float = field(default_factory=time.monotonic)
     artifact: UUID | None = None
     printed: float = 0.0
@@ -69,7 +68,6 @@ class BuildProgress:
             stage.before += report["skipped_done"]
             stage.ok += report["ok"]
             stage.failed += sum(report["errors"].values())
-        stage.seconds += result["seconds"]
         self._show(result["stage"], stage)
 
     def _show(self, name: str, stage: StageProgress) -> None:
