@@ -45,9 +45,8 @@ class StageProgress:
 class BuildProgress:
     """Per stage: partitions finished, items done and failed, rate; shown and published."""
 
-    def __init__(self, stages: list[str], partitions: int, artifacts: bool = True) -> None:
+    def __init__(self, stages: list[str], partitions: int) -> None:
         self.stages = {name: StageProgress(partitions) for name in stages}
-        self._artifacts = artifacts
         self._bars: Progress | None = None
         self._tasks: dict[str, Any] = {}
         if progress_enabled():
@@ -55,10 +54,9 @@ class BuildProgress:
             for name in stages:
                 self._tasks[name] = self._bars.add_task(name, total=partitions, status="")
             self._bars.start()
-        if artifacts:
-            for name, stage in self.stages.items():
-                stage.artifact = create_progress_artifact(
-                    0.0, key=f"stage-{name}", description=f"{name}: 0/{partitions} partitions")
+        for name, stage in self.stages.items():
+            stage.artifact = create_progress_artifact(
+                0.0, key=f"stage-{name}", description=f"{name}: 0/{partitions} partitions")
 
     def finished(self, result: dict[str, Any]) -> None:
         """A partition task's report (flows.partitions.partition_task)."""
