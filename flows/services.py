@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
+from prefect.client.orchestration import get_client
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -115,14 +116,43 @@ def prefect_server() -> Iterator[Callable[[], None]]:
         yield lambda: None
         return
     server = TemporaryServer()
-    _starting.append(server.wait)
+    freed: list[int] = []
+
+    def up() -> None:
+        server.wait()
+        if not freed:
+            freed.append(free_leaked_slots())
+
+    _starting.append(up)
     try:
         with use_api(server.api_url):
-            yield server.wait
+            yield up
     finally:
         _starting.pop()
         drain()
         server.stop()
+
+
+def free_leaked_slots() -> int:
+    """Free the concurrency slots a killed build left held; returns how many. Prefect's server
+    keeps slot leases in its memory: when a temporary server stops, the leases of a killed
+    build's slots go with it while its database (``~/.prefect``) still counts them held, and
+    every later build would wait for them for ever. A temporary server is one build's own, so
+    nothing else holds its slots (builds that run at the same time and share limits use a
+    Prefect server of their own, infra/README.md)."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    freed = 0
+    with get_client(sync_client=True) as client:
+        offset = 0
+        while page := client.read_global_concurrency_limits(limit=200, offset=offset):
+            for limit in page:
+                if limit.active_slots:
+                    client.update_global_concurrency_limit(
+                        limit.name, GlobalConcurrencyLimitUpdate(active_slots=0))
+                    freed += limit.active_slots
+            offset += len(page)
+    return freed
 
 
 @contextmanager

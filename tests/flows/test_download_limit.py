@@ -46,3 +46,25 @@ def test_download_limits_hold_across_worker_processes(tmp_path, prefect_server):
     assert [limit.active_slots for limit in limits.values()][:3] == [0, 0, 0]
     # The rate limit's 2 slots (one for each download in flight) free at 600 a minute.
     assert limits["test-downloads-rate"].slot_decay_per_second == 10
+
+
+def test_slots_a_killed_build_left_held_are_freed_by_the_next_temporary_server(tmp_path, monkeypatch):
+    """A killed build's slots stay counted in the database after its temporary server (which
+    kept their leases in memory) is gone; the next build's temporary server frees them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    from flows.services import prefect_server
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))  # one database for both builds
+    with prefect_server() as up:
+        up()
+        with get_client(sync_client=True) as client:
+            client.upsert_global_concurrency_limit_by_name("vlcorpus-download", 2)
+            client.update_global_concurrency_limit(
+                "vlcorpus-download", GlobalConcurrencyLimitUpdate(active_slots=2))
+    with prefect_server() as up:
+        up()
+        with get_client(sync_client=True) as client:
+            assert client.read_global_concurrency_limit_by_name("vlcorpus-download").active_slots == 0
