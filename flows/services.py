@@ -63,7 +63,7 @@ class TemporaryServer:
                     if response.status == 200:
                         return
             except OSError:
-                pass
+                pass  # not listening yet: look again below, unless it died or took too long
             if self.process.poll() is not None:
                 raise RuntimeError(f"Prefect's temporary server exited with code {self.process.returncode}")
             if time.monotonic() > deadline:

@@ -16,7 +16,7 @@ def _cuda_devices() -> int:
 
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except ImportError:
-        pass
+        pass  # no torch (a core or asr install): ask faster-whisper's engine instead
     try:
         import ctranslate2
 

@@ -84,7 +84,7 @@ def logs_to_file(path: Path) -> Iterator[Path]:
     with open(path, "a", encoding="utf-8") as file:
         os.dup2(file.fileno(), 2)
     stream = os.fdopen(os.dup(saved), "w", encoding="utf-8", buffering=1)
-    before = (_terminal, list(log.handlers), log.level)
+    terminal_before, handlers_before, level_before = _terminal, list(log.handlers), log.level
     _terminal = Console(file=stream, force_terminal=stream.isatty() or None)
     to_file = logging.StreamHandler(sys.stderr)
     to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -98,7 +98,9 @@ def logs_to_file(path: Path) -> Iterator[Path]:
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
-        _terminal, log.handlers[:], _ = before[0], before[1], log.setLevel(before[2])
+        _terminal = terminal_before
+        log.handlers[:] = handlers_before
+        log.setLevel(level_before)
         stream.close()
 
 

@@ -117,7 +117,7 @@ class RootLock:
                 handle.write(self._record())
             return None
         except FileExistsError:
-            pass
+            pass  # held, or left by a build that died: the holder's record tells which
         holder = self.holder()
         if holder is None:
             return self.try_acquire()

@@ -73,10 +73,11 @@ def test_planted_secrets_appear_in_no_output_of_a_build(demo_corpus, tmp_path, p
     assert seen and any(COOKIE_VALUE in h.get("Cookie", "") for h in seen)
     assert validate(Corpus(str(root))) == []
 
-    from prefect.logging.handlers import APILogWorker
     from prefect.settings import Settings, get_current_settings
 
-    APILogWorker.drain_all()  # the run's logs, into the server's database
+    from flows.services import drain
+
+    drain()  # the run's logs and events, into the server's database
     out, err = capfd.readouterr()
     # The server's SQLite file and its journal files. The server process got this process's
     # settings (a session-wide harness may have set the database) over the environment (where
