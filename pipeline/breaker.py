@@ -51,7 +51,7 @@ def fresh() -> State:
         "trips": 0,  # since the last success: the cool-down doubles with each
         "since": None,  # when the current block began (its first trip); None: not blocked
         "tripped_at": 0.0,
-        "last_ok": 0.0,
+        "last_ok": 0.0,  # when the latest download that succeeded was let through
         "pauses": [],  # [start, end] of the last cool-downs, for reports
     }
 
@@ -83,7 +83,9 @@ def succeeded(state: State | None, admitted: float, now: float) -> State:
     """``state`` after a download let through at ``admitted`` succeeded: a download that began
     after the last trip ends the block."""
     s = fresh() | (state or {})
-    s["last_ok"] = max(s["last_ok"], now)
+    # Its admission, not its end: only a download let through after a refusal shows that the
+    # site served after it (one that ends later may have sent every request before).
+    s["last_ok"] = max(s["last_ok"], admitted)
     if admitted >= s["tripped_at"]:
         s |= {"trips": 0, "since": None}
     return s
@@ -194,7 +196,7 @@ class Gate:
 
     def succeeded(self, ticket: Ticket) -> None:
         now = self.clock()
-        self._local_ok[ticket.egress] = now
+        self._local_ok[ticket.egress] = max(self._local_ok.get(ticket.egress, 0.0), ticket.admitted)
         seen = self._seen.get(ticket.egress) or fresh()
         if seen["since"] is not None or seen["trips"] or now - seen["last_ok"] > _OK_EVERY_S:
             self._seen[ticket.egress] = self.store.update(
@@ -202,9 +204,9 @@ class Gate:
 
     def forbidden_kind(self, ticket: Ticket, at: float, earlier: float | None = None) -> ErrorKind:
         """An HTTP 403 at ``at`` is the video's own (permanent) when its egress was not blocked,
-        has not tripped since, and let another video through after it, or after the same
-        video's earlier 403 (at ``earlier``, in an earlier run); otherwise it is taken as a
-        block, not final: the next run tries again (a 403 alone decides nothing)."""
+        has not tripped since, and let through after it (or after the same video's earlier 403
+        at ``earlier``, in an earlier run) a download that succeeded; otherwise it is taken as
+        a block, not final: the next run tries again (a 403 alone decides nothing)."""
         state = self._read()[ticket.egress]
         last_ok = max(state["last_ok"], self._local_ok.get(ticket.egress, 0.0))
         since = at if earlier is None else min(at, earlier)

@@ -85,6 +85,9 @@ def commit(stage: Stage, items: Sequence[Item], outcomes: dict[str, Outcome], tr
             report.counters[key] = report.counters.get(key, 0) + n
         if outcome.ok:
             continue
+        # Logged here, not where it failed: a stage may judge a failure again once its batch
+        # is over (download's HTTP 403s), and a transient one may succeed on a retry.
+        log.warning("%s failed (%s): %s", item.key, outcome.kind, outcome.message)
         report.errors[outcome.kind.value] = report.errors.get(outcome.kind.value, 0) + 1
         error_rows.append(error_row(stage.name, item.key, outcome.kind, outcome.message,
                                     item.attempts_before + tries[item.key], now))

@@ -178,7 +178,6 @@ def per_item(fn: ItemFn) -> Process:
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure becomes an errors row
                 kind, message = classify(exc)
-                log.warning("%s failed (%s): %s", item.key, kind, message)
                 outcomes.append(Outcome(item.key, kind=kind, message=message))
         return outcomes
 

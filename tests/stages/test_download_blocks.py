@@ -41,7 +41,9 @@ def _ctx(root, urls: list[str], **download_cfg):
             "block_threshold": 2, "block_cooldown_s": 0.5, "block_cooldown_max_s": 2,
             **download_cfg},
         "transcribe": {"prefer": ["manual", "auto"]},
-        "execution": {"batch_size": 8, "retries": 1, "retry_backoff_s": 0.05},
+        # One partition: videos go in id order whatever the server's port (ids hash the URL),
+        # so the always-403 page has videos after it in its batch to judge it by.
+        "execution": {"batch_size": 8, "retries": 1, "retry_backoff_s": 0.05, "partitions": 1},
     })
     ctx = context(Corpus(str(root)), cfg)
     discover(ctx)
