@@ -9,7 +9,10 @@ Its clip ids are the shard stage's done keys.
 
 Per format, ``shards/<format>/index.json`` lists every shard of the corpus (no clip lists),
 so readers find shards without listing a bucket; it is refreshed from the partitions a run
-changed, after the run's shard tasks.
+changed, after the run's shard tasks. A partition's index is saved only after an empty marker,
+``shards/_index/unlisted/p<partition>``, says that the listings lack its change; the refresh
+takes the marked partitions too and removes their markers once the listings are written, so a
+build killed between a partition's shards and the listings lists them on its next run.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pipeline.storage import Corpus
 INDEX_VERSION = 2
 ROOT = "shards"
 INDEX_DIR = f"{ROOT}/_index"
+UNLISTED_DIR = f"{INDEX_DIR}/unlisted"
 FORMATS = ("webdataset", "parquet")
 LISTING_KEY = b"vlcorpus.shards"
 DROPPED = -1  # the shard number of a clip the score filter left out
@@ -92,6 +96,7 @@ class PartitionIndex:
         listing = {"version": INDEX_VERSION, "partition": self.partition,
                    "shards": [asdict(s) for s in sorted(self.shards, key=lambda s: (s.split, s.number))]}
         data = self.clips.replace_schema_metadata({LISTING_KEY: json.dumps(listing)})
+        corpus.write_text(f"{UNLISTED_DIR}/p{self.partition}", "")
         corpus.write_table(index_path(self.partition), data)
 
 
@@ -104,9 +109,10 @@ def load_listing(corpus: Corpus, fmt: str) -> list[dict]:
 
 
 def refresh_listings(corpus: Corpus, changed: Iterable[str]) -> dict[str, list[dict]]:
-    """Bring each format's index.json up to date with the partitions in ``changed``; returns
-    the listings."""
-    changed = sorted(set(changed))
+    """Bring each format's index.json up to date with the partitions in ``changed`` and those
+    marked unlisted; returns the listings."""
+    marked = _unlisted(corpus)
+    changed = sorted(set(changed) | set(marked))
     listings = {}
     for fmt in FORMATS:
         entries = [e for e in load_listing(corpus, fmt) if e["partition"] not in changed]
@@ -120,4 +126,14 @@ def refresh_listings(corpus: Corpus, changed: Iterable[str]) -> dict[str, list[d
             corpus.write_text(listing_path(fmt), json.dumps(
                 {"version": INDEX_VERSION, "shards": entries}, indent=1, sort_keys=True) + "\n")
         listings[fmt] = entries
+    for partition in marked:
+        corpus.fs.rm(corpus.path(f"{UNLISTED_DIR}/p{partition}"))
     return listings
+
+
+def _unlisted(corpus: Corpus) -> list[str]:
+    """The partitions whose index changed after the listings were last written."""
+    folder = corpus.path(UNLISTED_DIR)
+    if not corpus.fs.exists(folder):
+        return []
+    return sorted(name.rsplit("/", 1)[-1][1:] for name in corpus.fs.ls(folder, detail=False))

@@ -14,8 +14,9 @@ import pytest
 from pipeline import align, transcribe
 from pipeline.config import parse_config
 from pipeline.ids import batch_name
-from pipeline.runner import run_stage
+from pipeline.runner import run_partition, run_stage
 from pipeline.shards import feature_array, open_parquet, open_webdataset, write_shards
+from pipeline.shards.stage import make_stage
 from pipeline.stages import context
 from pipeline.storage import Corpus
 
@@ -128,6 +129,24 @@ def test_rebuild_is_deterministic_and_incremental(demo_corpus, tmp_path):
              for p in (tmp_path / "a" / "shards" / "webdataset").glob("*.tar")}
     assert {k: v for k, v in after.items() if k in before} == before
     assert len(after) == len(before) + 1
+
+
+def test_shards_a_killed_run_wrote_but_did_not_list_are_listed_by_the_next_run(demo_corpus, tmp_path):
+    cfg = _config()
+    clean, _ = _corpus(demo_corpus, tmp_path / "clean", cfg)
+    killed, _ = _corpus(demo_corpus, tmp_path / "killed", cfg)
+    write_shards(context(clean, cfg))
+    # The kill: every partition's shards and index written, the listings not yet.
+    stage = make_stage(cfg)
+    for partition in killed.labels():
+        run_partition(stage, context(killed, cfg), partition, stage.batch_size)
+    assert not (tmp_path / "killed" / "shards" / "webdataset" / "index.json").exists()
+    again = write_shards(context(killed, cfg))  # nothing left to cut: only the listings
+    assert again["webdataset"]["written"] == 0 and again["webdataset"]["samples"] > 0
+    for fmt in ("webdataset", "parquet"):
+        listing = f"shards/{fmt}/index.json"
+        assert (tmp_path / "killed" / listing).read_text() == (tmp_path / "clean" / listing).read_text()
+    assert not list((tmp_path / "killed" / "shards" / "_index" / "unlisted").iterdir())
 
 
 @pytest.mark.parametrize("member", ["../../etc/evil.txt", "/abs/evil.json", "a/b.txt", "x..y.txt"])
