@@ -91,6 +91,9 @@ def our_config(path: Path, urls: Path, precision: str) -> Path:
     config = {
         "name": f"vs-video2dataset-{precision}",
         "sources": [{"type": "list", "path": str(urls)}],
+        # video2dataset paces nothing: neither do we here (our defaults are polite to YouTube:
+        # 30 videos a minute, 2 at a time per host).
+        "download": {"rate_limit": None, "per_host": None},
         "transcribe": {"prefer": ["manual"]},
         "shards": {"parquet": {"enabled": False},
                    "webdataset": {"include_media": True,

@@ -5,14 +5,18 @@ Limits a task asks for are created (or resized) on first use in each process."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import cache
 
-from prefect.client.orchestration import get_client
+import certifi
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.actions import VariableCreate, VariableUpdate
 from prefect.concurrency.sync import concurrency, rate_limit
 from prefect.exceptions import ObjectAlreadyExists
+from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
 
 from pipeline.ids import safe_id
 from pipeline.limits import Backend, State
@@ -26,15 +30,31 @@ _lock = threading.Lock()
 LEASE_S = 60.0
 
 
+@cache
+def _tls() -> ssl.SSLContext:
+    """The TLS context of this process's clients, made once as Prefect makes it for each client
+    (loading the CA bundle takes about 20 ms of CPU: a download asks the server a few times)."""
+    if PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value():
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        return context
+    return ssl.create_default_context(cafile=PREFECT_API_SSL_CERT_FILE.value() or certifi.where())
+
+
+def client() -> SyncPrefectClient:
+    """A client of the Prefect API (to use as a context manager) with the process's TLS context."""
+    return get_client(httpx_settings={"verify": _tls()}, sync_client=True)
+
+
 def ensure_limit(name: str, limit: int, decay_per_s: float | None = None) -> None:
     """The global concurrency limit ``name`` exists with this size (and slot decay)."""
     key = (name, limit, decay_per_s)
     with _lock:
         if key in _ensured:
             return
-    with get_client(sync_client=True) as client:
+    with client() as api:
         try:
-            client.upsert_global_concurrency_limit_by_name(name, limit, decay_per_s)
+            api.upsert_global_concurrency_limit_by_name(name, limit, decay_per_s)
         except ObjectAlreadyExists:
             pass  # another process created it at the same moment
     with _lock:
@@ -65,21 +85,21 @@ class PrefectStore:
         self.lock = f"{name}-lock"
 
     def read(self, keys: Sequence[str]) -> dict[str, State | None]:
-        with get_client(sync_client=True) as client:
-            found = {key: client.read_variable_by_name(f"{self.prefix}-{key}") for key in keys}
+        with client() as api:
+            found = {key: api.read_variable_by_name(f"{self.prefix}-{key}") for key in keys}
         return {key: variable.value if variable else None for key, variable in found.items()}
 
     def update(self, key: str, change: Callable[[State | None], State]) -> State:
         name = f"{self.prefix}-{key}"
         ensure_limit(self.lock, 1)
         with concurrency(self.lock, occupy=1, strict=True, lease_duration=LEASE_S):
-            with get_client(sync_client=True) as client:
-                variable = client.read_variable_by_name(name)
+            with client() as api:
+                variable = api.read_variable_by_name(name)
                 state = change(variable.value if variable else None)
                 if variable is None:
-                    client.create_variable(VariableCreate(name=name, value=state))
+                    api.create_variable(VariableCreate(name=name, value=state))
                 else:
-                    client.update_variable(VariableUpdate(name=name, value=state))
+                    api.update_variable(VariableUpdate(name=name, value=state))
         return state
 
 
