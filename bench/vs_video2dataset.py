@@ -12,7 +12,8 @@ into each of its clips, so clip i's sentence is line i).
 For each precision, in one run:
 - ours: `vlcorpus build CONFIG --root FRESH --until shard` (no features, Parquet shards off,
   `shards.webdataset.include_media`, clips at the source height with audio; `copy` = stream
-  copy, `exact` = re-encode), on its default local cluster (2 workers, 4 downloads at once);
+  copy, `exact` = re-encode), on its default local cluster (2 workers, 4 downloads at once,
+  unpaced like video2dataset's: no rate limit, no per-host limit);
 - video2dataset: its CLI with the `ClippingSubsampler` (`precision: low`, one stream copy of
   the whole video split at keyframes by ffmpeg's segment muxer, or `exact`, one re-encode of
   the whole video at ffmpeg's default libx264 preset with keyframes forced at the cuts), 2
