@@ -52,8 +52,8 @@ def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
 
 
 @task(name="shard-listing", cache_policy=NO_CACHE, persist_result=False)
-def listing_task(root: str, cfg: Config, changed: list[str], written: int) -> dict[str, Any]:
-    return listing_report(Corpus(root), cfg, changed, written)
+def listing_task(root: str, cfg: Config, written: int) -> dict[str, Any]:
+    return listing_report(Corpus(root), cfg, written)
 
 
 def _worker_name() -> str:
@@ -196,10 +196,8 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
         out.update(total.as_dicts())
     if "shard" in stage_names:
         shard = totals["shard"]
-        changed = sorted(r["partition"] for r in results
-                         if r["stage"] == "shard" and any(p["ok"] for p in r["parts"].values()))
         written = shard.parts["shard"].ok if "shard" in shard.parts else 0
-        out["shard"] = {**out.get("shard", {}), **listing_task(corpus.url, cfg, changed, written),
+        out["shard"] = {**out.get("shard", {}), **listing_task(corpus.url, cfg, written),
                         "media_released": shard.released}
     return out
 

@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 
 from prefect.client.orchestration import get_client
 from prefect.events.worker import EventsWorker
@@ -58,12 +58,11 @@ class TemporaryServer:
     def wait(self, timeout_s: float = SERVER_STARTUP_S) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass  # not listening yet: look again below, unless it died or took too long
+            # OSError: not listening yet; look again below, unless it died or took too long.
+            with suppress(OSError), \
+                    urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
             if self.process.poll() is not None:
                 raise RuntimeError(f"Prefect's temporary server exited with code {self.process.returncode}")
             if time.monotonic() > deadline:

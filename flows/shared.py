@@ -8,7 +8,7 @@ from __future__ import annotations
 import ssl
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import cache
 
 import certifi
@@ -52,11 +52,9 @@ def ensure_limit(name: str, limit: int, decay_per_s: float | None = None) -> Non
     with _lock:
         if key in _ensured:
             return
-    with client() as api:
-        try:
-            api.upsert_global_concurrency_limit_by_name(name, limit, decay_per_s)
-        except ObjectAlreadyExists:
-            pass  # another process created it at the same moment
+    # ObjectAlreadyExists: another process created it at the same moment.
+    with client() as api, suppress(ObjectAlreadyExists):
+        api.upsert_global_concurrency_limit_by_name(name, limit, decay_per_s)
     with _lock:
         _ensured.add(key)
 

@@ -3,6 +3,7 @@ not there (silently running on the CPU would take days instead of hours)."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 from pipeline.errors import SetupError
@@ -11,12 +12,11 @@ from pipeline.errors import SetupError
 def _cuda_devices() -> int:
     """CUDA devices visible to the library at hand: torch when it is installed (the features and
     trainer extras), else CTranslate2 (faster-whisper's engine, the asr extra)."""
-    try:
+    if importlib.util.find_spec("torch") is not None:
         import torch
 
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except ImportError:
-        pass  # no torch (a core or asr install): ask faster-whisper's engine instead
+    # No torch (a core or asr install): ask faster-whisper's engine instead.
     try:
         import ctranslate2
 

@@ -21,7 +21,8 @@ CORPUS = "corpus"
 VIDEOS_PER_PARTITION = 1000
 # Small corpora still get a few partitions, so that stages overlap and workers share the work,
 # but not so many that Prefect's bookkeeping of each partition's tasks outweighs the overlap:
-# 20 one-minute videos built in about 35 s in 8 partitions, 28 s in 4 (bench/vs_video2dataset.py).
+# the copy build of bench/vs_video2dataset.py's 20 one-minute videos took 30-36 s in 8 partitions,
+# 27-33 s in 4.
 MIN_VIDEOS_PER_PARTITION = 8
 SMALL_CORPUS_PARTITIONS = 8
 

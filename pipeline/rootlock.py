@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 
 import fsspec
@@ -112,12 +112,10 @@ class RootLock:
         """Take the lock if free or stale; returns None when taken, else the live holder."""
         self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
         self._since = time.time()
-        try:
-            with self.fs.open(self.path, "xb") as handle:
-                handle.write(self._record())
+        # FileExistsError: held, or left by a build that died; the holder's record tells which.
+        with suppress(FileExistsError), self.fs.open(self.path, "xb") as handle:
+            handle.write(self._record())
             return None
-        except FileExistsError:
-            pass  # held, or left by a build that died: the holder's record tells which
         holder = self.holder()
         if holder is None:
             return self.try_acquire()

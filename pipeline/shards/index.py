@@ -8,17 +8,16 @@ between only means the batch is written again, under the same names and with the
 Its clip ids are the shard stage's done keys.
 
 Per format, ``shards/<format>/index.json`` lists every shard of the corpus (no clip lists),
-so readers find shards without listing a bucket; it is refreshed from the partitions a run
-changed, after the run's shard tasks. A partition's index is saved only after an empty marker,
-``shards/_index/unlisted/p<partition>``, says that the listings lack its change; the refresh
-takes the marked partitions too and removes their markers once the listings are written, so a
-build killed between a partition's shards and the listings lists them on its next run.
+so readers find shards without listing a bucket. A partition's index is saved only after an
+empty marker, ``shards/_index/unlisted/p<partition>``, says that the listings lack its change;
+the refresh after a run's shard tasks reads the marked partitions' indexes and removes their
+markers once the listings are written, so a build killed between a partition's shards and the
+listings lists them on its next run.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
@@ -108,11 +107,10 @@ def load_listing(corpus: Corpus, fmt: str) -> list[dict]:
     return (corpus.read_json(listing_path(fmt)) or {}).get("shards", [])
 
 
-def refresh_listings(corpus: Corpus, changed: Iterable[str]) -> dict[str, list[dict]]:
-    """Bring each format's index.json up to date with the partitions in ``changed`` and those
-    marked unlisted; returns the listings."""
-    marked = _unlisted(corpus)
-    changed = sorted(set(changed) | set(marked))
+def refresh_listings(corpus: Corpus) -> dict[str, list[dict]]:
+    """Bring each format's index.json up to date with the partitions marked unlisted; returns
+    the listings."""
+    changed = _unlisted(corpus)
     listings = {}
     for fmt in FORMATS:
         entries = [e for e in load_listing(corpus, fmt) if e["partition"] not in changed]
@@ -126,7 +124,7 @@ def refresh_listings(corpus: Corpus, changed: Iterable[str]) -> dict[str, list[d
             corpus.write_text(listing_path(fmt), json.dumps(
                 {"version": INDEX_VERSION, "shards": entries}, indent=1, sort_keys=True) + "\n")
         listings[fmt] = entries
-    for partition in marked:
+    for partition in changed:
         corpus.fs.rm(corpus.path(f"{UNLISTED_DIR}/p{partition}"))
     return listings
 

@@ -239,18 +239,15 @@ def write_shards(ctx: StageContext, partitions: list[str] | None = None) -> dict
     """The shard stage over ``partitions`` (all by default), one after the other, then the
     shard listings; returns what the build prints per format."""
     stage = make_stage(ctx.config)
-    written: dict[str, int] = {}
-    for partition in partitions or ctx.corpus.labels():
-        report = run_partition(stage, ctx, partition, stage.batch_size)
-        if report.ok:
-            written[partition] = report.ok
-    return listing_report(ctx.corpus, ctx.config, sorted(written), sum(written.values()))
+    written = sum(run_partition(stage, ctx, partition, stage.batch_size).ok
+                  for partition in partitions or ctx.corpus.labels())
+    return listing_report(ctx.corpus, ctx.config, written)
 
 
-def listing_report(corpus: Corpus, cfg: Config, changed: list[str], written: int) -> dict[str, Any]:
-    """Refresh the listings of the partitions a run changed, and each format's dataset card
-    (README.md) from them; per enabled format, its shard and sample counts."""
-    listings = refresh_listings(corpus, changed)
+def listing_report(corpus: Corpus, cfg: Config, written: int) -> dict[str, Any]:
+    """Refresh the listings of the partitions whose shards changed, and each format's dataset
+    card (README.md) from them; per enabled format, its shard and sample counts."""
+    listings = refresh_listings(corpus)
     write_cards(corpus, cfg.name, listings)
     enabled = {"webdataset": cfg.shards.webdataset.enabled, "parquet": cfg.shards.parquet.enabled}
     return {fmt: {"written": written, "shards": len(entries), "samples": sum(e["count"] for e in entries)}
