@@ -18,6 +18,7 @@ same ``download.concurrency_limit`` once flows/ installs Prefect's.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -161,6 +162,8 @@ class Gate:
         self.clock, self.sleep = clock, sleep
         self._seen: dict[str, State] = {}
         self._local_ok: dict[str, float] = {}
+        self._wrote: dict[str, float] = {}  # when this gate last wrote a success, per egress
+        self._lock = threading.Lock()
 
     def _read(self) -> dict[str, State]:
         stored = self.store.read(self.egresses)
@@ -195,12 +198,16 @@ class Gate:
         return state["open_until"] > now
 
     def succeeded(self, ticket: Ticket) -> None:
-        now = self.clock()
-        self._local_ok[ticket.egress] = max(self._local_ok.get(ticket.egress, 0.0), ticket.admitted)
-        seen = self._seen.get(ticket.egress) or fresh()
-        if seen["since"] is not None or seen["trips"] or now - seen["last_ok"] > _OK_EVERY_S:
-            self._seen[ticket.egress] = self.store.update(
-                ticket.egress, lambda s: succeeded(s, ticket.admitted, now))
+        now, egress = self.clock(), ticket.egress
+        with self._lock:
+            self._local_ok[egress] = max(self._local_ok.get(egress, 0.0), ticket.admitted)
+            seen = self._seen.get(egress) or fresh()
+            healthy = seen["since"] is None and not seen["trips"]
+            # Downloads that end together write once: each write waits for the store's lock.
+            if healthy and now - max(seen["last_ok"], self._wrote.get(egress, 0.0)) <= _OK_EVERY_S:
+                return
+            self._wrote[egress] = now
+        self._seen[egress] = self.store.update(egress, lambda s: succeeded(s, ticket.admitted, now))
 
     def forbidden_kind(self, ticket: Ticket, at: float, earlier: float | None = None) -> ErrorKind:
         """An HTTP 403 at ``at`` is the video's own (permanent) when its egress was not blocked,

@@ -241,8 +241,10 @@ def _download(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch
                     continue
                 batch.forbidden[vid] = (ticket, batch.gate.clock())
                 raise
-            batch.gate.succeeded(ticket)
-            return info, opts, dropped
+            break
+    # Out of the slot: the breaker's bookkeeping is no download.
+    batch.gate.succeeded(ticket)
+    return info, opts, dropped
 
 
 def _fetch(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch) -> Outcome:

@@ -4,6 +4,10 @@ and how an HTTP 403 is judged."""
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from pipeline.breaker import Gate, Policy, blocked_for, choose, fresh, paused, refused, succeeded
@@ -167,3 +171,44 @@ def test_a_403_again_in_a_later_run_with_downloads_in_between_is_the_videos_own(
     gate.refused(alone, "forbidden", strong=False)
     assert gate.forbidden_kind(alone, clock.now) == ErrorKind.BLOCKED
     assert gate.forbidden_kind(alone, clock.now, earlier) == ErrorKind.PERMANENT
+
+
+class _SlowStore:
+    """A process store whose updates take a while (as a cluster-wide one does) and are counted."""
+
+    def __init__(self, name: str) -> None:
+        self.inner, self.updates = PROCESS.store(name), 0
+
+    def read(self, keys):
+        return self.inner.read(keys)
+
+    def update(self, key, change):
+        self.updates += 1
+        time.sleep(0.2)
+        return self.inner.update(key, change)
+
+
+def test_successes_of_a_healthy_egress_reach_the_store_at_most_every_few_seconds(request):
+    clock = _Clock()
+    store = _SlowStore(request.node.name)
+    gate = Gate(store, POLICY, ["direct"], clock=clock, sleep=clock.sleep)
+    tickets = [gate.admit() for _ in range(4)]
+    start = threading.Barrier(len(tickets))
+
+    def end(ticket):
+        start.wait()
+        gate.succeeded(ticket)
+
+    # Downloads that end together: one write, not one each while the first is under way.
+    with ThreadPoolExecutor(len(tickets)) as pool:
+        list(pool.map(end, tickets))
+    assert store.updates == 1
+    clock.now += 6  # past _OK_EVERY_S: the next success is written again
+    gate.succeeded(gate.admit())
+    assert store.updates == 2
+    # While blocked every success is written: the first one after the trip ends the block.
+    for video in "abc":
+        gate.refused(gate.admit(), video)
+    before = store.updates
+    gate.succeeded(gate.admit())
+    assert store.updates == before + 1 and not gate.admit().probing
