@@ -45,8 +45,9 @@ def per_clip(path: str, cuts: list[ClipCut], precision: str, height: int, audio:
 
 
 def per_video(path: str, cuts: list[ClipCut], precision: str, height: int, audio: bool) -> None:
+    # One process at a time, as the per-clip way runs: the ratio is the per-video grouping's.
     results = cut_clips(path, cuts, precision=precision, height=height if precision == "exact" else None,
-                        audio=audio)
+                        audio=audio, processes=1)
     failed = {key: str(value) for key, value in results.items() if not isinstance(value, str)}
     if failed:
         raise SystemExit(f"cut_clips failed: {failed}")

@@ -19,6 +19,9 @@ class ClipMediaConfig(BaseModel):
     fps: float | None = Field(None, gt=0, description="None: keep the source rate")
     codec: str = Field("libx264", min_length=1)
     audio: bool = False
+    processes: int | None = Field(
+        None, ge=1, description="ffmpeg processes a shard batch cuts with at once; None: one per "
+        "CPU core. On a machine whose cores several Dask worker threads share, cores / threads")
 
 
 class WebDatasetConfig(BaseModel):

@@ -21,6 +21,7 @@ import math
 import os
 import tempfile
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from pipeline import graph
 from pipeline.config import Config
 from pipeline.errors import BadInputError
 from pipeline.featurize import clips_with_media
-from pipeline.media import ClipCut, cut_clips
+from pipeline.media import ClipCut, cut_videos
 from pipeline.runner import FINAL_KINDS, Item, Outcome, Stage, StageContext, run_partition
 from pipeline.setup import require_binaries
 from pipeline.shards.card import write_cards
@@ -45,21 +46,24 @@ from pipeline.storage import Corpus
 
 def _cut_media(corpus: Corpus, cfg: Config, items: Sequence[Item],
                workdir: str) -> dict[str, str | BadInputError]:
-    """Each clip's mp4, all clips of a video cut in one ffmpeg process."""
+    """Each clip's mp4, the batch's videos cut side by side (``media.processes`` at once; a
+    remote root's videos of the batch are copied to local files meanwhile)."""
     mcfg = cfg.shards.webdataset.media
     by_video: dict[str | None, list[Item]] = {}
     for item in items:
         by_video.setdefault(item.info.get("media_path"), []).append(item)
     out: dict[str, str | BadInputError] = {}
-    for media, group in by_video.items():
-        if not media:
-            out |= {i.key: BadInputError(f"no media for {i.rows[0]['video_id']}") for i in group}
-            continue
-        cuts = [ClipCut(i.key, i.rows[0]["start_s"], i.rows[0]["end_s"],
-                        os.path.join(workdir, f"{i.key}.mp4")) for i in group]
-        with corpus.local_file(media) as path:
-            out |= cut_clips(path, cuts, precision=mcfg.precision, height=mcfg.height,
-                             fps=mcfg.fps, codec=mcfg.codec, audio=mcfg.audio)
+    with ExitStack() as stack:
+        videos = []
+        for media, group in by_video.items():
+            if not media:
+                out |= {i.key: BadInputError(f"no media for {i.rows[0]['video_id']}") for i in group}
+                continue
+            videos.append((stack.enter_context(corpus.local_file(media)),
+                           [ClipCut(i.key, i.rows[0]["start_s"], i.rows[0]["end_s"],
+                                    os.path.join(workdir, f"{i.key}.mp4")) for i in group]))
+        out |= cut_videos(videos, precision=mcfg.precision, height=mcfg.height, fps=mcfg.fps,
+                          codec=mcfg.codec, audio=mcfg.audio, processes=mcfg.processes)
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import av
@@ -12,7 +13,8 @@ from conftest import require_binaries
 from pipeline.media import clips as media_clips
 from pipeline.media import frames as media_frames
 from pipeline.errors import BadInputError
-from pipeline.media import ClipCut, FrameRequest, FrameSpec, cut_clips, frame_times, probe, sample_frames
+from pipeline.media import (ClipCut, FrameRequest, FrameSpec, cut_clips, cut_videos, frame_times, probe,
+                            sample_frames)
 
 # The colour video: 12 s, 320x240, 25 fps, a new colour every 2 s, a sine audio track.
 COLOURS = {"red": (255, 0, 0), "blue": (0, 0, 255), "lime": (0, 255, 0),
@@ -308,3 +310,34 @@ def test_frames_equal_a_plain_full_decode(tmp_path):
         for t, image in zip(frame_times(request), got[request.key]):
             shown = [img for pts, img in frames if pts <= t + 1e-6][-1]
             assert np.array_equal(image, shown), (request.key, t)
+
+
+def test_videos_are_cut_side_by_side_in_balanced_runs(videos, tmp_path, monkeypatch):
+    monkeypatch.setattr(media_clips, "EXACT_CLIPS_PER_PROCESS", 4)
+    calls = []
+    real = media_clips.run_ffmpeg
+
+    def recording(args, timeout_s):
+        calls.append(list(args))
+        return real(args, timeout_s)
+
+    monkeypatch.setattr(media_clips, "run_ffmpeg", recording)
+    junk = tmp_path / "junk.mp4"
+    junk.write_bytes(b"not a video" * 100)
+    colours = [ClipCut(f"c{i}", i * 1.5, i * 1.5 + 1.2, str(tmp_path / f"c{i}.mp4")) for i in range(6)]
+    bad = [ClipCut("j", 0.0, 1.0, str(tmp_path / "j.mp4"))]
+    counter = [ClipCut("n", 0.5, 2.0, str(tmp_path / "n.mp4"))]
+    got = cut_videos([(videos["colours"], colours), (str(junk), bad), (videos["counter"], counter)],
+                     precision="exact", height=120, processes=2)
+    assert list(got) == [cut.key for cut in colours + bad + counter]
+    for cut in colours + counter:
+        assert got[cut.key] == cut.out_path
+        assert abs(probe(cut.out_path).duration_s - (cut.end_s - cut.start_s)) <= 1 / FPS + 1e-3
+    assert isinstance(got["j"], BadInputError) and not (tmp_path / "j.mp4").exists()
+    # Six clips of one video in two runs of three (not four and two), the other video's alone.
+    assert sorted(sum(a.endswith(".part.mp4") for a in args) for args in calls) == [1, 3, 3]
+    # Two processes side by side share the cores: the decoder and each encoder get half each.
+    threads = str(max(1, (os.cpu_count() or 1) // 2))
+    for args in calls:
+        outputs = sum(a.endswith(".part.mp4") for a in args)
+        assert [args[i + 1] for i, a in enumerate(args) if a == "-threads"] == [threads] * (1 + outputs)
