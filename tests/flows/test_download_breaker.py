@@ -93,8 +93,11 @@ def test_a_block_in_the_middle_of_101_videos_loses_none(tmp_path, prefect_server
     root = tmp_path / "corpus"
     with flaky_server(media, p429=0, pdrop=0, block=block) as (base, stats):
         cfg = _config("test-block-101", [f"{base}/v/{stem}.html" for stem in stems],
+                      # A window shorter than the downloads left after the block: refusals of
+                      # the block still in the window when the rerun's always-403 page is
+                      # refused again trip the egress, and the page is taken as blocked.
                       {"concurrency": 4, "rate_limit": 600, "subtitle_langs": ["en", "en-auto"],
-                       "block_threshold": 3, "block_window_s": 60, "block_cooldown_s": 1,
+                       "block_threshold": 3, "block_window_s": 15, "block_cooldown_s": 1,
                        "block_cooldown_max_s": 4},
                       {"batch_size": 10, "n_workers": 2, "threads_per_worker": 2})
         first = run_build(cfg, root=str(root), until="download")["stages"]["download"]
