@@ -12,8 +12,9 @@ deployment entrypoint. The partition passes themselves are flows/partitions.py.
 
 The flows only compose pipeline/. Tasks plan their own partition and return small reports;
 the tables are the results, so nothing large is held in Prefect. Task runs grow with
-partitions × stages, not with items. Downloads take slots of a Prefect global concurrency
-limit, so the limit holds across workers and across builds.
+partitions × stages, not with items. Downloads take slots of a global concurrency limit that
+holds across workers: Prefect's, shared by the builds on a Prefect server, or the Dask
+cluster's for a build on its own temporary server (flows/partitions.py, ``where_limits``).
 """
 
 from __future__ import annotations

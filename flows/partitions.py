@@ -15,9 +15,13 @@ import dask
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture, as_completed
+from prefect_dask import DaskTaskRunner
 
+from flows.cluster_limits import cluster_backend
 from flows.progress import BuildProgress
+from flows.services import on_temporary_server
 from flows.shared import PREFECT
 
 from pipeline import limits, retention
@@ -31,13 +35,14 @@ from pipeline.storage import Corpus
 @task(name="partition-stage", task_run_name="{stage_name} p{partition}", retries=2,
       retry_delay_seconds=[2, 10], cache_policy=NO_CACHE, persist_result=False)
 def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
-                   retry_failed: bool = False) -> dict[str, Any]:
+                   retry_failed: bool, limits_on: str) -> dict[str, Any]:
     """Every part of one stage over one partition (featurize: each extractor in turn); the
-    shard stage then drops the partition's media unless ``storage.keep_media``."""
+    shard stage then drops the partition's media unless ``storage.keep_media``. ``limits_on``:
+    where the tasks share download limits, "prefect" or "cluster" (see ``where_limits``)."""
     started, began = time.monotonic(), time.time()
     ctx = context(Corpus(root), cfg)
     reports = {}
-    with limits.using(PREFECT):
+    with limits.using(cluster_backend() if limits_on == "cluster" else PREFECT):
         for part in parts(stage_name, cfg):
             size = part.batch_size or cfg.execution.batch_size
             report = run_partition(part, ctx, partition, size, retry_failed)
@@ -64,6 +69,20 @@ def _worker_name() -> str:
         return str(get_worker().name)
     except (ImportError, ValueError):
         return "local"
+
+
+def where_limits() -> str:
+    """Where a build's tasks share download slots, rates and the breaker: on the Dask cluster
+    when the build runs on its own temporary Prefect server (which nothing else shares; the
+    cluster answers in a message where the server takes a database write), otherwise on the
+    Prefect server, so that builds sharing the server share the limits."""
+    runner = FlowRunContext.get().task_runner
+    return "cluster" if on_temporary_server() and isinstance(runner, DaskTaskRunner) else "prefect"
+
+
+def _backend(limits_on: str) -> limits.Backend:
+    """The flow process's backend of ``limits_on``: the cluster through the task runner's client."""
+    return cluster_backend(FlowRunContext.get().task_runner.client) if limits_on == "cluster" else PREFECT
 
 
 def prepare_download_limit(cfg: Config) -> None:
@@ -104,11 +123,11 @@ class StageTotals:
 
 
 def _submit(stage: str, partition: str, corpus: Corpus, cfg: Config, retry_failed: bool,
-            after: PrefectFuture | None = None) -> PrefectFuture:
+            limits_on: str, after: PrefectFuture | None = None) -> PrefectFuture:
     # GPU workers (`dask worker --resources GPU=1`) take featurize tasks when asked.
     gpu = cfg.execution.gpu_resource and stage == "featurize"
     with dask.annotate(**({"resources": {"GPU": 1}} if gpu else {})):
-        return partition_task.submit(stage, partition, corpus.url, cfg, retry_failed,
+        return partition_task.submit(stage, partition, corpus.url, cfg, retry_failed, limits_on,
                                      wait_for=[after] if after is not None else None)
 
 
@@ -123,7 +142,8 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
     stage_names = [name for name in stage_names if parts(name, cfg)]  # featurize may have none
     totals = {name: StageTotals() for name in stage_names}
     results: list[dict[str, Any]] = []
-    if "download" in stage_names:
+    limits_on = where_limits()
+    if "download" in stage_names and limits_on == "prefect":
         prepare_download_limit(cfg)
     progress = BuildProgress(stage_names, len(labels))
     failure: BaseException | None = None
@@ -153,7 +173,7 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
                     partition = pending.pop(0)
                     previous = None
                     for stage in stage_names:
-                        previous = _submit(stage, partition, corpus, cfg, retry_failed, previous)
+                        previous = _submit(stage, partition, corpus, cfg, retry_failed, limits_on, previous)
                         waiting[previous] = partition
                     left[partition] = len(stage_names)
                 if not waiting:
@@ -169,7 +189,7 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
                     del left[partition]
         else:
             for stage in stage_names:
-                for future in as_completed([_submit(stage, p, corpus, cfg, retry_failed) for p in labels]):
+                for future in as_completed([_submit(stage, p, corpus, cfg, retry_failed, limits_on) for p in labels]):
                     collect(future)
                 if failure is not None:
                     break
@@ -189,7 +209,7 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
             if report.stopped:
                 logger.warning("%s: %s", part.name, report.stopped)
             if part.finish is not None:
-                with limits.using(PREFECT):
+                with limits.using(_backend(limits_on)):
                     report.figures = part.finish(ctx, report, started)
     out: dict[str, dict[str, Any]] = {}
     for total in totals.values():

@@ -20,7 +20,6 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 
-from prefect.client.orchestration import get_client
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -102,6 +101,7 @@ def _free_port() -> int:
 # The wait of a server started by an enclosing block (the CLI starts it before it imports the
 # flows, so the two overlap); builds inside that block use it.
 _starting: list[Callable[[], None]] = []
+_temporary: set[str] = set()  # API URLs of the temporary servers this process runs
 
 
 @contextmanager
@@ -115,43 +115,22 @@ def prefect_server() -> Iterator[Callable[[], None]]:
         yield lambda: None
         return
     server = TemporaryServer()
-    freed: list[int] = []
-
-    def up() -> None:
-        server.wait()
-        if not freed:
-            freed.append(free_leaked_slots())
-
-    _starting.append(up)
+    _starting.append(server.wait)
+    _temporary.add(server.api_url)
     try:
         with use_api(server.api_url):
-            yield up
+            yield server.wait
     finally:
         _starting.pop()
+        _temporary.discard(server.api_url)
         drain()
         server.stop()
 
 
-def free_leaked_slots() -> int:
-    """Free the concurrency slots a killed build left held; returns how many. Prefect's server
-    keeps slot leases in its memory: when a temporary server stops, the leases of a killed
-    build's slots go with it while its database (``~/.prefect``) still counts them held, and
-    every later build would wait for them for ever. A temporary server is one build's own, so
-    nothing else holds its slots (builds that run at the same time and share limits use a
-    Prefect server of their own, infra/README.md)."""
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-
-    freed = 0
-    with get_client(sync_client=True) as client:
-        offset = 0
-        while page := client.read_global_concurrency_limits(limit=200, offset=offset):
-            for limit in page:
-                if limit.active_slots:
-                    client.update_global_concurrency_limit(
-                        limit.name, GlobalConcurrencyLimitUpdate(active_slots=0))
-                    freed += limit.active_slots
-            offset += len(page)
-    return freed
+def on_temporary_server() -> bool:
+    """Whether this process talks to a temporary server it started: one build's own, which
+    nothing else shares."""
+    return PREFECT_API_URL.value() in _temporary
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """What tasks running side by side share: concurrency slots, request rates, and small named
 states (the download breaker's). Process-wide by default; a runner that spreads tasks over a
 cluster installs a cluster-wide backend (flows/ installs Prefect's global concurrency limits,
-rate limits and variables)."""
+rate limits and variables, or the Dask cluster's semaphores and metadata)."""
 
 from __future__ import annotations
 
@@ -65,20 +65,25 @@ def _process_slot(name: str, limit: int) -> Iterator[None]:
         yield
 
 
-_buckets: dict[tuple[str, float, int], list[float]] = {}
-
-
-def _process_rate(name: str, per_minute: float, burst: int) -> None:
-    # A token bucket where each caller reserves its token at once and sleeps until it is due,
-    # so callers are served in the order they came.
+def _turn(state: State | None, per_minute: float, burst: int, now: float) -> State:
+    # A token bucket where each caller takes its token at once (the count may go below zero)
+    # and then waits until it is due, so callers are served in the order they came.
     per_second = per_minute / 60
-    with _lock:
-        now = time.monotonic()
-        tokens, last = _buckets.get((name, per_minute, burst), (float(burst), now))
-        tokens = min(float(burst), tokens + (now - last) * per_second) - 1
-        _buckets[(name, per_minute, burst)] = [tokens, now]
-    if tokens < 0:
-        time.sleep(-tokens / per_second)
+    tokens = float(burst)
+    if state is not None:
+        tokens = min(tokens, state["tokens"] + (now - state["at"]) * per_second)
+    return {"tokens": tokens - 1, "at": now}
+
+
+def store_rate(stores: Callable[[str], Store]) -> Callable[[str, float, int], None]:
+    """Rates kept as token buckets in the stores of ``stores``: as shared as those are."""
+
+    def rate(name: str, per_minute: float, burst: int) -> None:
+        state = stores(f"{name}-rate").update("bucket", lambda s: _turn(s, per_minute, burst, time.time()))
+        if state["tokens"] < 0:
+            time.sleep(-state["tokens"] * 60 / per_minute)
+
+    return rate
 
 
 class _ProcessStore:
@@ -104,7 +109,7 @@ def _process_store(name: str) -> Store:
         return _stores.setdefault(name, _ProcessStore())
 
 
-PROCESS = Backend(slot=_process_slot, rate=_process_rate, store=_process_store)
+PROCESS = Backend(slot=_process_slot, rate=store_rate(_process_store), store=_process_store)
 
 
 def _current() -> Backend:

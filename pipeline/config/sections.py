@@ -72,10 +72,11 @@ class DownloadConfig(BaseModel):
     concurrency: int = Field(4, ge=1, description="videos in flight at once, across the cluster")
     concurrency_limit: str = Field(
         "vlcorpus-download", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
-        description="the Prefect global concurrency limit downloads take slots of (sized to "
-                    "`concurrency` by each build): builds sharing a name share the slots, the "
-                    "rate limit and the block breaker (`<name>-rate`, `<name>-host-*`, variables "
-                    "`<name>-breaker-*`)")
+        description="the global concurrency limit downloads take slots of (sized to "
+                    "`concurrency` by each build): builds sharing a name and a Prefect server "
+                    "share the slots, the rate limit and the block breaker (`<name>-rate`, "
+                    "`<name>-host-*`, variables `<name>-breaker-*`); a build on its own temporary "
+                    "server keeps them on its Dask cluster")
     # Politeness
     rate_limit: float | None = Field(
         30, gt=0, description="yt-dlp requests for a video (one per video, one more per "

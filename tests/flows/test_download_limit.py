@@ -1,6 +1,6 @@
-"""Downloads take slots of Prefect global concurrency limits (all downloads, and per host) and
-turns of a Prefect rate limit, so the limits hold across Dask worker processes (and across
-builds sharing the Prefect server)."""
+"""Downloads take slots of global concurrency limits (all downloads, and per host) and turns of
+a rate limit that hold across Dask worker processes: Prefect's, so that builds sharing a
+Prefect server share them, or, for a build on its own temporary server, the Dask cluster's."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pipeline.config import parse_config
 pytestmark = pytest.mark.slow
 
 
-def test_download_limits_hold_across_worker_processes(tmp_path, prefect_server):
+def _limited_build(tmp_path) -> None:
+    """12 downloads from one server under two host names, on 2 worker processes running 4
+    batches at once, under a limit of 2, 1 per host and 600 a minute: the limits hold."""
     require_binaries("ffmpeg", "ffprobe")
-    from prefect.client.orchestration import get_client
-
     media = tiny_mp4(tmp_path / "tiny.mp4")
     # Slow answers keep every download in flight long enough for workers to overlap.
     with flaky_server(media, p429=0.0, pdrop=0.0, delay_s=0.3) as (base, stats):
@@ -38,6 +38,12 @@ def test_download_limits_hold_across_worker_processes(tmp_path, prefect_server):
     assert len(summary["stages"]["download"]["workers"]) == 2
     assert 1 <= stats.max_in_flight <= 2, f"{stats.max_in_flight} requests in flight, limit 2"
     assert stats.max_in_flight_by_host == {"127.0.0.1": 1, "localhost": 1}
+
+
+def test_download_limits_hold_across_worker_processes(tmp_path, prefect_server):
+    from prefect.client.orchestration import get_client
+
+    _limited_build(tmp_path)
     names = ("test-downloads", "test-downloads-host-127_0_0_1", "test-downloads-host-localhost",
              "test-downloads-rate")
     with get_client(sync_client=True) as client:
@@ -48,23 +54,15 @@ def test_download_limits_hold_across_worker_processes(tmp_path, prefect_server):
     assert limits["test-downloads-rate"].slot_decay_per_second == 10
 
 
-def test_slots_a_killed_build_left_held_are_freed_by_the_next_temporary_server(tmp_path, monkeypatch):
-    """A killed build's slots stay counted in the database after its temporary server (which
-    kept their leases in memory) is gone; the next build's temporary server frees them."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-
-    from flows.services import prefect_server
+def test_on_its_own_temporary_server_a_build_holds_its_limits_on_its_cluster(tmp_path, monkeypatch):
+    """No Prefect server configured: the build runs on a temporary server of its own, its Dask
+    cluster holds the limits (flows/cluster_limits.py), and they hold across its workers."""
+    from flows.services import on_temporary_server, prefect_server
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))  # one database for both builds
-    with prefect_server() as up:
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    with prefect_server() as up:  # the server the build uses, as the CLI starts it
         up()
-        with get_client(sync_client=True) as client:
-            client.upsert_global_concurrency_limit_by_name("vlcorpus-download", 2)
-            client.update_global_concurrency_limit(
-                "vlcorpus-download", GlobalConcurrencyLimitUpdate(active_slots=2))
-    with prefect_server() as up:
-        up()
-        with get_client(sync_client=True) as client:
-            assert client.read_global_concurrency_limit_by_name("vlcorpus-download").active_slots == 0
+        assert on_temporary_server()
+        _limited_build(tmp_path)
+    assert not on_temporary_server()
