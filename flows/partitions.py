@@ -12,6 +12,7 @@ from dataclasses import asdict
 from typing import Any
 
 import dask
+from distributed import Client
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
@@ -23,7 +24,6 @@ from flows.cluster_limits import cluster_backend
 from flows.progress import BuildProgress
 from flows.services import on_temporary_server
 from flows.shared import PREFECT
-
 from pipeline import limits, retention
 from pipeline.config import Config
 from pipeline.runner import StageReport, run_partition
@@ -42,7 +42,7 @@ def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
     started, began = time.monotonic(), time.time()
     ctx = context(Corpus(root), cfg)
     reports = {}
-    with limits.using(cluster_backend() if limits_on == "cluster" else PREFECT):
+    with limits.using(backend(limits_on)):
         for part in parts(stage_name, cfg):
             size = part.batch_size or cfg.execution.batch_size
             report = run_partition(part, ctx, partition, size, retry_failed)
@@ -80,9 +80,10 @@ def where_limits() -> str:
     return "cluster" if on_temporary_server() and isinstance(runner, DaskTaskRunner) else "prefect"
 
 
-def _backend(limits_on: str) -> limits.Backend:
-    """The flow process's backend of ``limits_on``: the cluster through the task runner's client."""
-    return cluster_backend(FlowRunContext.get().task_runner.client) if limits_on == "cluster" else PREFECT
+def backend(limits_on: str, client: Client | None = None) -> limits.Backend:
+    """The backend of ``limits_on``; the cluster through ``client`` (by default the worker's, in
+    a task)."""
+    return cluster_backend(client) if limits_on == "cluster" else PREFECT
 
 
 def prepare_download_limit(cfg: Config) -> None:
@@ -209,7 +210,7 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
             if report.stopped:
                 logger.warning("%s: %s", part.name, report.stopped)
             if part.finish is not None:
-                with limits.using(_backend(limits_on)):
+                with limits.using(backend(limits_on, FlowRunContext.get().task_runner.client)):
                     report.figures = part.finish(ctx, report, started)
     out: dict[str, dict[str, Any]] = {}
     for total in totals.values():

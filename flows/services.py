@@ -98,31 +98,28 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-# The wait of a server started by an enclosing block (the CLI starts it before it imports the
-# flows, so the two overlap); builds inside that block use it.
-_starting: list[Callable[[], None]] = []
-_temporary: set[str] = set()  # API URLs of the temporary servers this process runs
+# The temporary servers this process runs, innermost last: builds inside the block that
+# started one use it (the CLI starts it before it imports the flows, so the two overlap).
+_servers: list[TemporaryServer] = []
 
 
 @contextmanager
 def prefect_server() -> Iterator[Callable[[], None]]:
     """Prefect's temporary server when no API is configured, starting; yields a function that
     waits until it is up (call it before the first API call)."""
-    if _starting:
-        yield _starting[-1]
+    if _servers:
+        yield _servers[-1].wait
         return
     if PREFECT_API_URL.value():
         yield lambda: None
         return
     server = TemporaryServer()
-    _starting.append(server.wait)
-    _temporary.add(server.api_url)
+    _servers.append(server)
     try:
         with use_api(server.api_url):
             yield server.wait
     finally:
-        _starting.pop()
-        _temporary.discard(server.api_url)
+        _servers.pop()
         drain()
         server.stop()
 
@@ -130,7 +127,7 @@ def prefect_server() -> Iterator[Callable[[], None]]:
 def on_temporary_server() -> bool:
     """Whether this process talks to a temporary server it started: one build's own, which
     nothing else shares."""
-    return PREFECT_API_URL.value() in _temporary
+    return any(server.api_url == PREFECT_API_URL.value() for server in _servers)
 
 
 @contextmanager
