@@ -42,15 +42,14 @@ class ClusterStore:
         self.client = client
         self.name = name
 
-    def _get(self, key: str) -> State | None:
-        return self.client.get_metadata(["vlcorpus", self.name, key], default=None)
-
     def read(self, keys: Sequence[str]) -> dict[str, State | None]:
-        return {key: self._get(key) for key in keys}
+        # The whole store in one message: the breaker reads every egress before each download.
+        states = self.client.get_metadata(["vlcorpus", self.name], default={})
+        return {key: states.get(key) for key in keys}
 
     def update(self, key: str, change: Callable[[State | None], State]) -> State:
         with _semaphore(self.client, f"{self.name}-lock", 1):
-            state = change(self._get(key))
+            state = change(self.client.get_metadata(["vlcorpus", self.name, key], default=None))
             self.client.set_metadata(["vlcorpus", self.name, key], state)
         return state
 

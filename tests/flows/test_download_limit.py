@@ -57,6 +57,8 @@ def test_download_limits_hold_across_worker_processes(tmp_path, prefect_server):
 def test_on_its_own_temporary_server_a_build_holds_its_limits_on_its_cluster(tmp_path, monkeypatch):
     """No Prefect server configured: the build runs on a temporary server of its own, its Dask
     cluster holds the limits (flows/cluster_limits.py), and they hold across its workers."""
+    from prefect.client.orchestration import get_client
+
     from flows.services import on_temporary_server, prefect_server
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
@@ -65,4 +67,6 @@ def test_on_its_own_temporary_server_a_build_holds_its_limits_on_its_cluster(tmp
         up()
         assert on_temporary_server()
         _limited_build(tmp_path)
+        with get_client(sync_client=True) as client:  # none of Prefect's limits were used
+            assert client.read_global_concurrency_limits() == []
     assert not on_temporary_server()
