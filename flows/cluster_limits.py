@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from distributed import Client, Semaphore, get_client
 
-from pipeline.limits import Backend, State, store_rate
+from pipeline.limits import Backend, State, decode, encode, store_rate
 
 _lock = threading.Lock()
 _semaphores: dict[tuple[str, str, int], Semaphore] = {}
@@ -35,8 +35,9 @@ def _semaphore(client: Client, name: str, limit: int) -> Semaphore:
 
 
 class ClusterStore:
-    """States in the scheduler's metadata under ``("vlcorpus", name, key)``; updates hold the
-    store's one-slot semaphore, so read, change and write are one step across workers."""
+    """States in the scheduler's metadata under ``("vlcorpus", name, key)``, as JSON text (its
+    messages would bring lists back as tuples); updates hold the store's one-slot semaphore, so
+    read, change and write are one step across workers."""
 
     def __init__(self, client: Client, name: str) -> None:
         self.client = client
@@ -45,13 +46,13 @@ class ClusterStore:
     def read(self, keys: Sequence[str]) -> dict[str, State | None]:
         # The whole store in one message: the breaker reads every egress before each download.
         states = self.client.get_metadata(["vlcorpus", self.name], default={})
-        return {key: states.get(key) for key in keys}
+        return {key: decode(states.get(key)) for key in keys}
 
     def update(self, key: str, change: Callable[[State | None], State]) -> State:
         with _semaphore(self.client, f"{self.name}-lock", 1):
-            state = change(self.client.get_metadata(["vlcorpus", self.name, key], default=None))
-            self.client.set_metadata(["vlcorpus", self.name, key], state)
-        return state
+            text = encode(change(decode(self.client.get_metadata(["vlcorpus", self.name, key], default=None))))
+            self.client.set_metadata(["vlcorpus", self.name, key], text)
+        return decode(text)
 
 
 def cluster_backend(client: Client | None = None) -> Backend:

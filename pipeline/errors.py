@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
+from pipeline.progress import log
+
 
 class ErrorKind(StrEnum):
     TRANSIENT = "transient"  # retried with backoff, and again on the next run
@@ -16,6 +18,9 @@ class ErrorKind(StrEnum):
     # The site refused the session, not the item (bot check, HTTP 429s, "try again later"):
     # never final, so the next run tries the item again.
     BLOCKED = "blocked"
+    # Our own code failed on the item (a bug in vlcorpus, not a verdict on it): never final, so
+    # the next run tries the item again; the traceback is in the log.
+    INTERNAL = "internal"
 
 
 class StageError(Exception):
@@ -40,11 +45,16 @@ class BlockedError(StageError):
     kind = ErrorKind.BLOCKED
 
 
+class InternalError(StageError):
+    kind = ErrorKind.INTERNAL
+
+
 _BY_KIND: dict[ErrorKind, type[StageError]] = {
     ErrorKind.TRANSIENT: TransientError,
     ErrorKind.PERMANENT: PermanentError,
     ErrorKind.BAD_INPUT: BadInputError,
     ErrorKind.BLOCKED: BlockedError,
+    ErrorKind.INTERNAL: InternalError,
 }
 
 
@@ -71,9 +81,17 @@ class StageStopped(Exception):
 # Errors of the machine rather than of the item: retrying later may succeed.
 _TRANSIENT_ERRNOS = {errno.ENOSPC, errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET}
 
+INTERNAL_PREFIX = "internal error"
+# What earlier versions wrote for the same failures, with the kind permanent: planning retries
+# those rows as internal ones (pipeline/runner/plan.py), so no video stays lost to them.
+LEGACY_INTERNAL_PREFIX = "unexpected "
+
 
 def classify(exc: BaseException) -> tuple[ErrorKind, str]:
-    """Kind and a one-line message for an exception raised while processing an item."""
+    """Kind and a one-line message for an exception raised while processing an item. A verdict
+    on the item comes only from a StageError (raised where yt-dlp, ffmpeg or the item's data
+    said what is wrong) or a failure of the machine (transient); any other exception is our
+    own code failing: internal, logged here with its traceback, and tried again next run."""
     if isinstance(exc, StageError):
         return exc.kind, str(exc) or type(exc).__name__
     message = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
@@ -81,6 +99,6 @@ def classify(exc: BaseException) -> tuple[ErrorKind, str]:
         return ErrorKind.TRANSIENT, message
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return ErrorKind.TRANSIENT, message
-    # Anything else is an unexpected failure on this item: recorded, not retried forever;
-    # `--retry-failed` reruns it once the cause is fixed.
-    return ErrorKind.PERMANENT, f"unexpected {message}"
+    log.error("%s (a bug in vlcorpus, not the item's fault): %s", INTERNAL_PREFIX, message, exc_info=exc)
+    return ErrorKind.INTERNAL, (f"{INTERNAL_PREFIX} (a bug in vlcorpus, not a verdict on this item; "
+                                f"the next run tries it again): {message}")

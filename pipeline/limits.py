@@ -5,6 +5,7 @@ rate limits and variables, or the Dask cluster's semaphores and metadata)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -13,6 +14,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 State = dict[str, Any]  # JSON-able, so that a cluster-wide store can hold it
+
+
+def encode(state: State) -> str:
+    """A state as a store keeps it: JSON text, which every backend carries unchanged (the Dask
+    scheduler's messages turn lists into tuples, so a state read back would differ)."""
+    return json.dumps(state, separators=(",", ":"))
+
+
+def decode(text: str | None) -> State | None:
+    """A state read back, with the types it was written with (lists stay lists)."""
+    return None if text is None else json.loads(text)
 
 
 class Store(Protocol):
@@ -87,18 +99,21 @@ def store_rate(stores: Callable[[str], Store]) -> Callable[[str, float, int], No
 
 
 class _ProcessStore:
+    """States kept encoded, as the cluster's are: a caller never shares a list with the store,
+    and a state that is not JSON fails here as it would on a cluster."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._states: dict[str, State] = {}
+        self._states: dict[str, str] = {}
 
     def read(self, keys: Sequence[str]) -> dict[str, State | None]:
         with self._lock:
-            return {key: dict(self._states[key]) if key in self._states else None for key in keys}
+            return {key: decode(self._states.get(key)) for key in keys}
 
     def update(self, key: str, change: Callable[[State | None], State]) -> State:
         with self._lock:
-            self._states[key] = change(self._states.get(key))
-            return dict(self._states[key])
+            self._states[key] = encode(change(decode(self._states.get(key))))
+            return decode(self._states[key])
 
 
 _stores: dict[str, _ProcessStore] = {}

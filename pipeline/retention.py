@@ -17,18 +17,15 @@ import pyarrow.compute as pc
 from pipeline import graph
 from pipeline.config import Config
 from pipeline.ids import feature_key
-from pipeline.runner import FINAL_KINDS, StageContext
+from pipeline.runner import StageContext, final_errors
 from pipeline.shards.index import PartitionIndex
 
 
 def _pending_clips(ctx: StageContext, partition: str, clips: pa.Table, done: pa.Array,
                    stage: str) -> pa.Array:
     """Video ids of clips neither done nor failed for good in ``stage``."""
-    errors = ctx.corpus.read("errors", columns=["stage", "item_id", "kind"], partition=partition)
-    final = errors.filter(pc.and_(pc.equal(errors.column("stage"), stage),
-                                  pc.is_in(errors.column("kind"), pa.array(FINAL_KINDS))))
-    settled = pc.or_(pc.is_in(clips.column("clip_id"), done),
-                     pc.is_in(clips.column("clip_id"), final.column("item_id")))
+    final = final_errors(ctx.corpus, stage, partition)
+    settled = pc.or_(pc.is_in(clips.column("clip_id"), done), pc.is_in(clips.column("clip_id"), final))
     return pc.unique(pc.filter(clips.column("video_id"), pc.invert(settled)))
 
 

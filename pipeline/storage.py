@@ -345,8 +345,8 @@ class Corpus:
             return ds.dataset(schema.empty_table())
         return ds.dataset(files, schema=schema, format="parquet", filesystem=self.fs)
 
-    def read(self, table: str, columns: list[str] | None = None, filter: ds.Expression | None = None,
-             partition: str | None = None) -> pa.Table:
+    def read(self, table: str, columns: list[str] | dict[str, ds.Expression] | None = None,
+             filter: ds.Expression | None = None, partition: str | None = None) -> pa.Table:
         return self.dataset(table, partition).to_table(columns=columns, filter=filter)
 
     def file_manifest(self, path: str) -> dict[str, Any] | None:

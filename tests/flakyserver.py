@@ -70,11 +70,13 @@ class Stats:
 @dataclass
 class Block:
     """Every request after the first ``after`` is refused with ``code`` for ``seconds`` (from
-    the first refusal); then the server serves again."""
+    the first refusal); then the server serves again. With ``again_after``, the block comes
+    back once, that many seconds after it ended, for ``seconds`` more."""
 
     after: int
     seconds: float
     code: int = 429
+    again_after: float | None = None
     started: float | None = None
     refused: int = 0
 
@@ -84,10 +86,20 @@ class Block:
         now = time.monotonic()
         if self.started is None:
             self.started = now
-        if now - self.started >= self.seconds:
-            return False
-        self.refused += 1
-        return True
+        elapsed = now - self.started
+        blocked = elapsed < self.seconds
+        if self.again_after is not None:
+            back = self.seconds + self.again_after
+            blocked = blocked or back <= elapsed < back + self.seconds
+        self.refused += blocked
+        return blocked
+
+    @property
+    def ends(self) -> float | None:
+        """time.monotonic() when the last refusal window ends (None: not begun)."""
+        if self.started is None:
+            return None
+        return self.started + self.seconds + (self.again_after + self.seconds if self.again_after is not None else 0)
 
 
 def _handler(media: bytes, stats: Stats, rng: random.Random,

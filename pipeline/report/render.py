@@ -82,4 +82,4 @@ def render_html(stats: dict[str, Any], cards: list[dict[str, Any]]) -> str:
     """The page for ``compute_stats``'s numbers and ``thumbnails``'s cards."""
     return environment().get_template("report.html.j2").render(
         stats=stats, cards=cards, fig=figures(stats),
-        error_kinds=("blocked", "permanent", "transient", "bad_input"))
+        error_kinds=("blocked", "permanent", "transient", "bad_input", "internal"))

@@ -17,7 +17,7 @@ whole corpus, whose failure is an errors row in the ``corpus`` partition like an
 partition, ``run.py`` runs it; this module is the package's one import path for all three.
 """
 
-from pipeline.runner.plan import FINAL_KINDS, KeySets, PartitionPlan, key_sets, plan_partition
+from pipeline.runner.plan import FINAL_KINDS, KeySets, PartitionPlan, final_errors, key_sets, plan_partition
 from pipeline.runner.run import error_row, run_batch, run_partition, run_stage, run_step
 from pipeline.runner.stage import (
     BatchReport,
@@ -40,6 +40,6 @@ from pipeline.runner.stage import (
 __all__ = [
     "FINAL_KINDS", "BatchReport", "Item", "KeySets", "Outcome", "PartitionPlan", "RetryPolicy",
     "Sink", "Stage", "StageContext", "StageReport", "Step", "TableSink", "attach", "error_row",
-    "key_sets", "per_item", "plan_partition", "retrying", "rows_of", "run_batch",
+    "final_errors", "key_sets", "per_item", "plan_partition", "retrying", "rows_of", "run_batch",
     "run_partition", "run_stage", "run_step", "table_inputs",
 ]

@@ -12,18 +12,31 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from pipeline.errors import ErrorKind
+from pipeline.errors import LEGACY_INTERNAL_PREFIX, ErrorKind
 from pipeline.runner.stage import Item, Stage, StageContext, StageReport
 from pipeline.storage import Corpus
 
 # Failures no later run retries (unless --retry-failed): retrying cannot fix them.
 FINAL_KINDS = (ErrorKind.PERMANENT.value, ErrorKind.BAD_INPUT.value)
 
+# The kind an errors row counts as, read with it: its own, but internal for the rows that
+# earlier versions wrote as permanent when our own code failed ("unexpected TypeError: ..."),
+# so that the next run retries those items instead of skipping them for good.
+KIND = pc.if_else((ds.field("kind") == ErrorKind.PERMANENT.value)
+                  & pc.starts_with(ds.field("message"), LEGACY_INTERNAL_PREFIX),
+                  ErrorKind.INTERNAL.value, ds.field("kind"))
+
 
 def stage_errors(corpus: Corpus, stage: str, partition: str) -> pa.Table:
     """The errors rows of ``stage`` in one partition (item_id, kind, attempt), read column-only."""
-    return corpus.read("errors", columns=["item_id", "kind", "attempt"],
+    return corpus.read("errors", columns={"item_id": ds.field("item_id"), "kind": KIND,
+                                          "attempt": ds.field("attempt")},
                        filter=ds.field("stage") == stage, partition=partition)
+
+
+def final_errors(corpus: Corpus, stage: str, partition: str) -> pa.Array:
+    """The keys that failed for good in ``stage`` in one partition."""
+    return final_keys(stage_errors(corpus, stage, partition))
 
 
 def failures(corpus: Corpus, stage: str, partition: str,

@@ -34,7 +34,7 @@ from pipeline.config import Config
 from pipeline.errors import BadInputError
 from pipeline.featurize import clips_with_media
 from pipeline.media import ClipCut, cut_videos
-from pipeline.runner import FINAL_KINDS, Item, Outcome, Stage, StageContext, run_partition
+from pipeline.runner import Item, Outcome, Stage, StageContext, final_errors, run_partition
 from pipeline.setup import require_binaries
 from pipeline.shards.card import write_cards
 from pipeline.shards.index import PartitionIndex, ShardEntry, refresh_listings
@@ -88,9 +88,7 @@ def _inputs(ctx: StageContext, partition: str, keys: pa.Array) -> pa.Table:
     corpus = ctx.corpus
     clips = corpus.read("clips", columns=["clip_id", "video_id"], partition=partition)
     stage, _, _ = graph.family_lineage(table) or ("", "", "")  # score:<key>
-    errors = corpus.read("errors", columns=["item_id", "kind"], partition=partition,
-                         filter=ds.field("stage") == stage)
-    failed = errors.filter(pc.is_in(errors.column("kind"), pa.array(FINAL_KINDS))).column("item_id")
+    failed = final_errors(corpus, stage, partition)
     settled = pc.or_(pc.is_in(clips.column("clip_id"), corpus.done_keys(table, partition)),
                      pc.is_in(clips.column("clip_id"), failed))
     waiting = pc.unique(pc.filter(clips.column("video_id"), pc.invert(settled)))

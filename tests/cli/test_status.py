@@ -120,8 +120,9 @@ def build(root: Path) -> dict[str, dict]:
                        "discover-syn", partitions.CORPUS)
     return {
         "download": {"table": "downloads", "upstream": 15, "done": 10,
-                     "failed": {"permanent": 2, "bad_input": 1, "transient": 1, "blocked": 1},
-                     "final": 3, "todo": 2},
+                     "failed": {"permanent": 1, "bad_input": 1, "transient": 1, "blocked": 1,
+                                "internal": 1},
+                     "final": 2, "todo": 3},
         "transcribe": {"table": "segments", "upstream": 10, "done": len(transcribed), "failed": {},
                        "final": 0, "todo": 10 - len(transcribed)},
         "align": {"table": "clips", "upstream": len(spoken), "done": len(aligned),

@@ -1,7 +1,8 @@
 """The Dask cluster's backend of pipeline.limits (flows/cluster_limits.py), which builds on their
 own temporary Prefect server use, on a real cluster of two worker processes: slots, stores and
 rates hold across the processes, and a client outside the workers (the flow's) sees the same
-states. The process backend's rate is checked the same way across threads."""
+states. The process backend's rate is checked the same way across threads. Each backend's store
+reads back what was written (lists as lists), so the breaker trips any number of times on it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from flows.cluster_limits import cluster_backend
+from pipeline.breaker import Policy, refused
 from pipeline.limits import PROCESS
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import tests/
@@ -91,3 +93,53 @@ def test_rate_turns_are_paced_across_worker_processes(client):
 def test_process_rate_turns_are_paced_across_threads():
     with ThreadPoolExecutor(3) as pool:
         _check_rate(list(pool.map(lambda _: _turns(PROCESS.rate, "process-turns", 3), range(3))))
+
+
+# Every JSON type, lists nested in lists as the breaker keeps its pauses.
+STATE = {"events": [[1.5, "3f2a"]], "pauses": [[1.0, 2.0], [3.0, 5.0]], "since": None,
+         "trips": 2, "ok": True, "egress": "direct", "nested": {"list": [1, [2, "x"]]}}
+
+
+def _written_and_read(store) -> tuple:
+    updated = store.update("state", lambda _: STATE)
+    return updated, store.read(["state"])["state"]
+
+
+def _trips(store, trips: int) -> dict:
+    """The breaker tripped ``trips`` times through ``store``, each refusal a new trip."""
+    policy = Policy(threshold=1, cooldown_s=1, cooldown_max_s=2)
+    start = time.time()
+    for n in range(trips):
+        at = start + 10 * n  # after the last pause: a refusal of a download let through then
+        store.update("direct", lambda s, n=n, at=at: refused(s, f"video-{n}", True, at, at, policy))
+    return store.read(["direct"])["direct"]
+
+
+def _on_worker(fn, name: str, *args):
+    return fn(cluster_backend().store(name), *args)
+
+
+def _check_store(written_and_read, tripped) -> None:
+    # Equal as written, lists included ([1] != (1,)), and the breaker trips again and again.
+    assert written_and_read == (STATE, STATE)
+    assert tripped["trips"] == 4 and len(tripped["pauses"]) == 4
+    assert all(type(p) is list for p in tripped["pauses"])
+
+
+def test_cluster_store_reads_back_what_was_written_across_worker_processes(client):
+    worker = next(iter(client.scheduler_info()["workers"]))
+    written = client.submit(_on_worker, _written_and_read, "types", workers=[worker], pure=False).result()
+    tripped = client.submit(_on_worker, _trips, "trips", 4, workers=[worker], pure=False).result()
+    _check_store(written, tripped)
+    # Read outside the worker (the flow's client), the same.
+    assert cluster_backend(client).store("trips").read(["direct"])["direct"] == tripped
+
+
+def test_process_store_reads_back_what_was_written():
+    _check_store(_written_and_read(PROCESS.store("types")), _trips(PROCESS.store("trips"), 4))
+
+
+def test_prefect_store_reads_back_what_was_written(prefect_server):
+    from flows.shared import PrefectStore
+
+    _check_store(_written_and_read(PrefectStore("types")), _trips(PrefectStore("trips"), 4))

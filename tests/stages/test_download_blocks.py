@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+import traceback
 import uuid
 
 import pytest
 
 from conftest import require_binaries
 from flakyserver import Block, flaky_server, forward_proxy, tiny_mp4
-from pipeline import download, limits, transcribe
+from pipeline import breaker, download, limits, transcribe
 from pipeline.config import parse_config
 from pipeline.discover import discover
 from pipeline.runner import run_stage
@@ -110,6 +111,33 @@ def test_a_block_past_max_block_s_stops_the_stage_and_leaves_the_rest_to_do(medi
         second = run_stage(download.STAGE, ctx, 8)
     assert second.skipped_failed == 0 and not second.stopped
     assert len(ctx.corpus.done("downloads")) == 16
+
+
+def test_a_bug_in_the_breaker_is_no_verdict_on_the_videos(media, tmp_path, monkeypatch, caplog):
+    """The breaker raises on every refusal (as its TypeError did on a second trip): the videos
+    it met are internal errors that say so, the traceback is in the log, and the next run
+    (without --retry-failed) downloads them."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected: the breaker's own bug")
+
+    block = Block(after=12, seconds=1.0)
+    with flaky_server(media, p429=0, pdrop=0, block=block) as (base, _):
+        ctx = _ctx(tmp_path, [f"{base}/v/{i:02d}.html" for i in range(12)])
+        with monkeypatch.context() as patch, caplog.at_level(logging.ERROR, logger="vlcorpus"):
+            patch.setattr(breaker, "refused", broken)
+            first = run_stage(download.STAGE, ctx, 8)
+        assert block.refused > 0 and first.errors.get("internal", 0) > 0
+        errors = _last_errors(ctx)
+        assert {e["kind"] for e in errors.values()} == {"internal"}
+        assert all(e["message"].startswith("internal error (a bug in vlcorpus, not a verdict")
+                   and "RuntimeError: injected" in e["message"] for e in errors.values())
+        assert any(r.exc_info and "breaker.py" in "".join(traceback.format_exception(*r.exc_info))
+                   for r in caplog.records)
+        time.sleep(max(0.0, block.ends - time.monotonic()))
+        second = run_stage(download.STAGE, ctx, 8)
+    assert second.skipped_failed == 0 and second.ok == len(errors)
+    assert len(ctx.corpus.done("downloads")) == 12
 
 
 def test_expired_media_url_is_extracted_again_once(media, tmp_path):

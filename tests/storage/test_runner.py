@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+import traceback
 from dataclasses import replace
 
 import pyarrow.dataset as ds
@@ -7,7 +9,8 @@ import pytest
 
 import stagekit
 from pipeline.errors import ErrorKind, StageStopped
-from pipeline.runner import Outcome, RetryPolicy, StageContext, run_stage
+from pipeline.runner import Outcome, RetryPolicy, StageContext, error_row, run_stage
+from pipeline.status import partition_counts
 from pipeline.storage import Corpus
 from pipeline.validate import validate
 
@@ -27,18 +30,52 @@ def test_runs_all_items_and_records_each_failure_kind(memory_root):
     report = run_stage(stagekit.DOWNLOAD, ctx, batch_size=3)
     assert report.total == len(ids) == 12
     assert report.ok == 9  # 7 plain + flaky (retried) + silent (no rows, still done)
-    assert dict(report.errors) == {"bad_input": 1, "permanent": 2}
+    assert dict(report.errors) == {"bad_input": 1, "permanent": 1, "internal": 1}
     errors = {r["item_id"]: r for r in ctx.corpus.read("errors").to_pylist()}
     assert errors["demo-bad1"]["kind"] == "bad_input"
     assert "truncated media" in errors["demo-bad1"]["message"]
     assert errors["demo-gone1"]["kind"] == "permanent"
-    assert errors["demo-crash1"]["message"].startswith("unexpected ZeroDivisionError")
+    # Our own code failing is no verdict on the item: internal, and said so.
+    assert errors["demo-crash1"]["kind"] == "internal"
+    assert errors["demo-crash1"]["message"].startswith("internal error (a bug in vlcorpus")
+    assert errors["demo-crash1"]["message"].endswith("ZeroDivisionError: division by zero")
     assert "demo-flaky1" not in errors  # succeeded on its retry
     assert set(ctx.corpus.done("downloads")) == set(ids) - set(errors)
     run_stage(stagekit.TRANSCRIBE, ctx, batch_size=4)
     done = ctx.corpus.done("segments")
     assert done["demo-silent1"] == 0 and set(done) == set(ids) - set(errors)
     assert validate(ctx.corpus) == []
+
+
+def test_an_internal_error_is_retried_by_the_next_run_with_its_traceback_logged(memory_root, caplog):
+    ctx = _ctx(memory_root)
+    stagekit.make_videos(ctx.corpus, 2, extra=("crash1",))
+    with caplog.at_level(logging.ERROR, logger="vlcorpus"):
+        first = run_stage(stagekit.DOWNLOAD, ctx, batch_size=10)
+    assert first.errors == {"internal": 1}
+    logged = [r for r in caplog.records if r.exc_info]
+    assert logged and "ZeroDivisionError" in "".join(traceback.format_exception(*logged[0].exc_info))
+    second = run_stage(stagekit.DOWNLOAD, ctx, batch_size=10)  # no --retry-failed
+    assert (second.skipped_failed, second.items, second.errors) == (0, 1, {"internal": 1})
+    attempts = ctx.corpus.read("errors").column("attempt").to_pylist()
+    assert sorted(attempts) == [1, 2]
+
+
+def test_items_an_earlier_version_failed_for_good_on_its_own_bug_are_retried(memory_root):
+    """Before the internal kind, our own failures were rows of kind permanent whose message
+    began "unexpected " (the breaker's TypeError lost videos so): the next run retries them,
+    and ``status`` counts them as internal, to do."""
+    ctx = _ctx(memory_root)
+    ids = stagekit.make_videos(ctx.corpus, 3, extra=("gone1",), partitions=1)
+    legacy = [error_row("download", vid, "permanent", "unexpected TypeError: can only concatenate "
+                        "tuple (not \"list\") to tuple", 1) for vid in ids[:2]]
+    legacy.append(error_row("download", "demo-gone1", "permanent", "HTTP Error 404: Not Found", 1))
+    ctx.corpus.write_batch("errors", legacy, "old", "00000")
+    counts = partition_counts(stagekit.DOWNLOAD, ctx, "00000")
+    assert counts.failed == {"internal": 2, "permanent": 1} and counts.todo == 3
+    report = run_stage(stagekit.DOWNLOAD, ctx, batch_size=10)
+    assert (report.skipped_failed, report.ok) == (1, 3)
+    assert set(ctx.corpus.done("downloads")) == set(ids) - {"demo-gone1"}
 
 
 def test_rerun_skips_done_and_permanent_failures(memory_root):
