@@ -1,6 +1,7 @@
 """``vlcorpus validate``: every table fits its schema, every row is in its video's partition,
-and no key is lost between stages (the lineage of pipeline/graph.py). Checked partition by
-partition, so memory follows a partition, not the corpus."""
+no key is lost between stages (the lineage of pipeline/graph.py), and every shard is as its
+partition index recorded it (pipeline/shards/verify.py). Checked partition by partition, so
+memory follows a partition, not the corpus."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pyarrow.parquet as pq
 
 from pipeline import graph, partitions
 from pipeline.errors import ErrorKind
+from pipeline.rootlock import RootLock
+from pipeline.shards.verify import Damage, check_shards, take_out
 from pipeline.storage import Corpus, LayoutError
 from pipeline.tablefile import MANIFEST_KEY
 from schemas.tables import SCHEMA_VERSION, key_column, schema_for
@@ -31,8 +34,14 @@ class Violation:
         return f"{self.table}: {self.message}"
 
 
-def validate(corpus: Corpus) -> list[Violation]:
-    """All violations found under the corpus root (empty list: valid)."""
+@dataclass(frozen=True)
+class ShardViolation(Violation):
+    damage: Damage | None = None
+
+
+def validate(corpus: Corpus, hashes: bool = True) -> list[Violation]:
+    """All violations found under the corpus root (empty list: valid); shards are checked by
+    size, and by sha256 unless ``hashes`` is False."""
     try:
         count = corpus.recorded_partitions()
     except LayoutError as exc:
@@ -51,7 +60,30 @@ def validate(corpus: Corpus) -> list[Violation]:
     for stage, upstream, downstream in _lineage(tables):
         for partition in sorted(labels):
             problems += _check_lineage(corpus, stage, upstream, downstream, partition)
+    problems += [ShardViolation("shards", str(d), d) for d in check_shards(corpus, sorted(labels), hashes)]
     return problems
+
+
+def hand_back(corpus: Corpus, problems: list[Violation]) -> str | None:
+    """Take the damaged shards among ``problems`` out of their partition indexes, so that
+    ``status`` counts their clips as not sharded and the next build writes them again; not while
+    a build holds the root (it may be writing those indexes). What was done, in one line (None:
+    no damaged shard)."""
+    damage = [p.damage for p in problems
+              if isinstance(p, ShardViolation) and p.damage is not None and p.damage.number >= 0]
+    if not damage:
+        return None
+    shards = len({(d.partition, d.split, d.number) for d in damage})
+    lock = RootLock(corpus.url, "vlcorpus validate")
+    holder = lock.try_acquire()
+    if holder is not None:
+        return (f"{shards} damaged shards stay in the shard index: {holder.describe()} holds the "
+                f"root; run validate again once it ends, and the build after that writes them again")
+    try:
+        take_out(corpus, damage)
+    finally:
+        lock.release()
+    return f"{shards} damaged shards taken out of the shard index: the next build writes them again"
 
 
 def _lineage(tables: list[str]) -> list[tuple[str, str, str]]:

@@ -6,8 +6,9 @@ import json
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
-from pipeline.cli.common import JsonLogs, Root, _emit, _error, _on_target, app, console
+from pipeline.cli.common import JsonLogs, Root, _emit, _on_target, app, console
 from pipeline.storage import Corpus
 from pipeline.summary import summarize
 
@@ -42,22 +43,31 @@ def stats(
 @app.command()
 def validate(
     root: Annotated[str, typer.Argument(help="Corpus root.")],
+    quick: Annotated[bool, typer.Option("--quick", help="Check shards by size only, without "
+                                                         "reading them for their sha256.")] = False,
     json_logs: JsonLogs = False,
 ) -> None:
-    """Check every table against schemas/ and that no key is lost between stages."""
+    """Check every table against schemas/, that no key is lost between stages, and every shard
+    against its index. Damaged shards are taken out of the index: the next build writes them
+    again. The verdict goes to stdout; exit 1 on any violation."""
+    from pipeline.validate import hand_back
     from pipeline.validate import validate as check
 
     corpus = Corpus(root)
-    problems = check(corpus)
+    problems = check(corpus, hashes=not quick)
+    handed = hand_back(corpus, problems)
     if json_logs:
         print(json.dumps({"root": root, "valid": not problems,
-                          "violations": [str(p) for p in problems]}))
-    elif problems:
-        for problem in problems:
-            _error(problem)
-        console.print(f"{len(problems)} violations in {root}")
+                          "violations": [str(p) for p in problems], "shards": handed}))
     else:
-        console.print(f"{root}: valid ({', '.join(corpus.tables()) or 'no tables'})")
+        out = Console(soft_wrap=True)
+        for problem in problems:
+            out.print(str(problem), style="red", markup=False, highlight=False)
+        if handed:
+            out.print(handed, markup=False, highlight=False)
+        out.print(f"{len(problems)} violations in {root}" if problems else
+                  f"{root}: valid ({', '.join(corpus.tables()) or 'no tables'})",
+                  markup=False, highlight=False)
     if problems:
         raise typer.Exit(1)
 

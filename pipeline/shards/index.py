@@ -17,10 +17,13 @@ listings lists them on its next run.
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.storage import Corpus
@@ -75,8 +78,11 @@ class PartitionIndex:
                   for s in listing["shards"]]
         return cls(partition, data.replace_schema_metadata(None).cast(_SCHEMA), shards)
 
-    def next_number(self, split: str) -> int:
-        return sum(1 for s in self.shards if s.split == split)
+    def free_numbers(self, split: str) -> Iterator[int]:
+        """The numbers no shard of ``split`` has, ascending: a shard taken out (damaged) leaves
+        a gap that the next shard fills, under its old name."""
+        used = {s.number for s in self.shards if s.split == split}
+        return (n for n in itertools.count() if n not in used)
 
     def add(self, entry: ShardEntry, clips: list[str]) -> None:
         self.shards = [s for s in self.shards if (s.split, s.number) != (entry.split, entry.number)]
@@ -84,6 +90,16 @@ class PartitionIndex:
         rows = pa.table({"clip_id": clips, "split": [entry.split] * len(clips),
                          "shard": [entry.number] * len(clips)}, schema=_SCHEMA)
         self.clips = pa.concat_tables([self.clips, rows])
+
+    def remove(self, entries: list[ShardEntry]) -> None:
+        """Take shards out, with their clips: those clips are no longer done."""
+        gone = {(e.split, e.number) for e in entries}
+        self.shards = [s for s in self.shards if (s.split, s.number) not in gone]
+        out = pa.array([False] * self.clips.num_rows, pa.bool_())
+        for split, number in gone:
+            out = pc.or_(out, pc.and_(pc.equal(self.clips.column("split"), split),
+                                      pc.equal(self.clips.column("shard"), number)))
+        self.clips = self.clips.filter(pc.invert(out))
 
     def drop(self, clips: list[str], split: str) -> None:
         """Clips the score filter leaves out: done, in no shard (shard number -1)."""

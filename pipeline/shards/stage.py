@@ -155,7 +155,8 @@ def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
         items = [i for i in items if i.key not in dropped]
     tables = feature_tables(corpus)
     keys = sorted(tables)
-    number = PartitionIndex.load(corpus, partition).next_number(split)
+    numbers = PartitionIndex.load(corpus, partition).free_numbers(split)
+    number = next(numbers)
     with tempfile.TemporaryDirectory(prefix="vlcorpus-cut-") as workdir:
         media = _cut_media(corpus, cfg, items, workdir) if wcfg.include_media else {}
         usable = []
@@ -178,7 +179,7 @@ def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
             record = encode(sample, mp4, cfg.score is not None)
             if pending and size + record_bytes(record) > wcfg.max_bytes:
                 _flush(corpus, cfg, partition, split, number, pending, keys, outcomes)
-                number, pending, size = number + 1, [], 0
+                number, pending, size = next(numbers), [], 0
             pending.append((sample, record))
             size += record_bytes(record)
         if pending:

@@ -81,7 +81,7 @@ def _built(root: Path) -> Corpus:
 def test_validate_passes_then_names_table_and_key(tmp_path):
     corpus = _built(tmp_path / "root")
     ok = vlcorpus("validate", corpus.url)
-    assert ok.returncode == 0 and "valid" in ok.stderr
+    assert ok.returncode == 0 and "valid" in ok.stdout
     path = corpus.table_files("downloads")[0]
     table = pq.read_table(path)
     victim = table.column("video_id")[0].as_py()

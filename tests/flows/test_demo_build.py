@@ -1,5 +1,6 @@
 """`vlcorpus demo` end to end: generated site, Prefect flow on a local multi-process Dask
-cluster, summary, and a valid corpus; a second run resumes and changes nothing."""
+cluster, summary, and a valid corpus; a second run resumes and changes nothing; damaged shards
+are named by `vlcorpus validate` and written again by the next run."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _vlcorpus(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True,
+                          text=True, timeout=300)
 
 
 def _demo(root, port: int) -> dict:
@@ -56,3 +62,23 @@ def test_demo_builds_a_valid_corpus_and_resumes(tmp_path):
     assert second["stages"]["download"]["items"] == 0
     assert second["stages"]["transcribe"]["items"] == 0
     assert {t: corpus.read(t).num_rows for t in corpus.tables()} == before
+
+    # A shard overwritten with garbage and one deleted: validate names both on stdout and
+    # exits 1, status no longer counts their clips as sharded, the next run writes them again.
+    root = tmp_path / "corpus"
+    part = sorted((root / "shards" / "parquet").rglob("*.parquet"))[0]
+    tar = sorted((root / "shards" / "webdataset").glob("*.tar"))[-1]
+    shards = {p: p.read_bytes() for p in (part, tar)}
+    part.write_bytes(b"garbage" * 100)
+    tar.unlink()
+    checked = _vlcorpus("validate", str(root))
+    assert checked.returncode == 1
+    assert f"shards/parquet/{part.relative_to(root / 'shards' / 'parquet')}: " in checked.stdout
+    assert f"shards/webdataset/{tar.name}: missing" in checked.stdout
+    assert "the next build writes them again" in checked.stdout
+    status = json.loads(_vlcorpus("status", str(root), "--json").stdout)["stages"]["shard"]
+    assert status["todo"] > 0
+    third = _demo(tmp_path, port)
+    assert third["stages"]["download"]["items"] == 0
+    assert _vlcorpus("validate", str(root)).returncode == 0
+    assert all(p.read_bytes() == data for p, data in shards.items())

@@ -1,5 +1,6 @@
 """Shards: read back by the webdataset library, pyarrow and Dask; every clip exactly once with
-features bit-equal to the features tables; deterministic and incremental rebuilds."""
+features bit-equal to the features tables; deterministic and incremental rebuilds; a missing,
+truncated or altered shard named by validate and written again by the next run."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from pipeline.runner import run_partition, run_stage
 from pipeline.shards import feature_array, open_parquet, open_webdataset, write_shards
 from pipeline.shards.stage import make_stage
 from pipeline.stages import context
+from pipeline.status import corpus_status
 from pipeline.storage import Corpus
+from pipeline.validate import hand_back, validate
 
 pytestmark = pytest.mark.slow
 
@@ -219,3 +222,45 @@ def test_a_clip_that_cannot_be_cut_is_in_neither_format_and_not_cut_again(demo_c
 
     plan = plan_partition(make_stage(cfg), context(corpus, cfg), corpus.partition_of(clip["video_id"]))
     assert plan.report.skipped_failed == 1 and plan.report.todo == 0
+
+
+def test_validate_names_damaged_shards_and_the_next_run_writes_them_again(demo_corpus, tmp_path):
+    cfg = _config()
+    corpus, _ = _corpus(demo_corpus, tmp_path / "c", cfg)
+    write_shards(context(corpus, cfg))
+    tars = sorted((tmp_path / "c" / "shards" / "webdataset").glob("*.tar"))
+    parts = sorted((tmp_path / "c" / "shards" / "parquet").rglob("*.parquet"))
+    assert len(tars) >= 3 and parts
+    before = {p: p.read_bytes() for p in tars + parts}
+    sharded = corpus_status(corpus, cfg)["stages"]["shard"]
+    assert sharded["todo"] == 0
+    tars[0].unlink()
+    tars[1].write_bytes(before[tars[1]][:1000])
+    altered = bytearray(before[tars[2]])
+    altered[600] ^= 0xFF  # same size, one byte of the first member's data
+    tars[2].write_bytes(bytes(altered))
+    parts[0].write_bytes(b"not parquet" * 10)
+
+    def named(problems) -> dict[str, str]:
+        return {p.message.split(":")[0].rsplit("/", 1)[-1]: p.message for p in problems}
+
+    quick = named(validate(corpus, hashes=False))
+    assert set(quick) == {tars[0].name, tars[1].name, parts[0].name}  # sizes alone
+    problems = validate(corpus)
+    found = named(problems)
+    assert set(found) == {tars[0].name, tars[1].name, tars[2].name, parts[0].name}
+    assert found[tars[0].name].endswith("missing")
+    assert "1000 bytes, the shard index recorded" in found[tars[1].name]
+    assert "sha256 differs" in found[tars[2].name]
+    assert all(p.table == "shards" for p in problems)
+
+    assert "taken out of the shard index" in hand_back(corpus, problems)
+    after = corpus_status(corpus, cfg)["stages"]["shard"]
+    assert 0 < after["todo"] and after["done"] + after["todo"] == sharded["done"]
+    rewritten = write_shards(context(corpus, cfg))
+    assert rewritten["webdataset"]["written"] == after["todo"]
+    assert validate(corpus) == []
+    # Written again under the same names, with the same bytes, and no shard more.
+    now = sorted((tmp_path / "c" / "shards" / "webdataset").glob("*.tar"))
+    assert now == tars and all(p.read_bytes() == before[p] for p in tars + parts)
+    assert len(list(open_webdataset(corpus.path("shards/webdataset")))) == sharded["done"]
