@@ -9,12 +9,14 @@ PYTEST_ARGS ?=
 .PHONY: demo test system venv schema clean
 
 # Debian packages, only when a binary is missing (needs root or sudo); chromium checks the
-# HTML report in the tests.
+# HTML report in the tests, PostgreSQL is the Prefect server's database in the production
+# rehearsal (infra/stack.py).
 system:
 	@missing=""; \
 	command -v ffmpeg >/dev/null || missing="$$missing ffmpeg"; \
 	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -28,12 +28,13 @@ _OBJECTS = ["a wide window", "a red sofa", "two lamps", "the morning light", "a 
             "a tiled floor", "the old fireplace", "a green plant"]
 
 
-def make_test_video(path: str, seconds: int, audio: bool = False, keyframe_s: float = 10) -> None:
-    """An 854x480 25 fps H.264 test pattern (a keyframe every ``keyframe_s``), with a sine tone
-    (AAC) if ``audio``."""
+def make_test_video(path: str, seconds: int, audio: bool = False, keyframe_s: float = 10,
+                    size: str = "854x480") -> None:
+    """A 25 fps H.264 test pattern of ``size`` (a keyframe every ``keyframe_s``), with a sine
+    tone (AAC) if ``audio``."""
     tone = ["-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}"] if audio else []
     subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi",
-                    "-i", f"testsrc2=s=854x480:r={FPS}:d={seconds}", *tone, "-c:v", "libx264",
+                    "-i", f"testsrc2=s={size}:r={FPS}:d={seconds}", *tone, "-c:v", "libx264",
                     "-preset", "ultrafast", "-g", str(round(keyframe_s * FPS)), "-pix_fmt", "yuv420p",
                     *(["-c:a", "aac"] if audio else []), path], check=True)
 
@@ -65,9 +66,9 @@ def _caption_video(site: Path, index: int, seconds: int, rng: random.Random) -> 
 
 
 def make_caption_site(site: Path, videos: int, seconds: int, seed: int = 0,
-                      keyframe_s: float = 2) -> DemoSite:
+                      keyframe_s: float = 2, size: str = "854x480") -> DemoSite:
     """A site in the demo's layout (so ``pipeline.demo.serve_demo`` serves it): ``videos``
-    test-pattern videos of ``seconds`` (854x480 H.264 + AAC, a keyframe every ``keyframe_s``,
+    test-pattern videos of ``seconds`` (``size`` H.264 + AAC, a keyframe every ``keyframe_s``,
     as web video has), each with an author caption track of synthetic back-to-back sentences,
     one a cue; made on every core."""
     rng = random.Random(f"vlcorpus-bench-site:{seed}")
@@ -75,7 +76,7 @@ def make_caption_site(site: Path, videos: int, seconds: int, seed: int = 0,
     (site / "media").mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         list(pool.map(lambda v: make_test_video(str(site / v.media), seconds, audio=True,
-                                                keyframe_s=keyframe_s), made))
+                                                keyframe_s=keyframe_s, size=size), made))
     demo = DemoSite(out_dir=site, seed=seed, videos=made)
     write_text(site / "index.html", index_html(demo))
     write_text(site / "manifest.json", json.dumps(demo.manifest(), indent=2) + "\n")

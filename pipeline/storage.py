@@ -65,7 +65,11 @@ class Corpus:
 
     def __init__(self, url: str, storage_options: Mapping[str, object] | None = None) -> None:
         self.url = url
-        self.fs, self.root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        # Listings never come from a cache: other processes (long-lived Dask workers) compact
+        # and delete files all the time, and a cached listing of an object store named files
+        # that were gone, failing the next build's planning (seen on an S3 root).
+        self.fs, self.root = fsspec.core.url_to_fs(url, **{"use_listings_cache": False,
+                                                           **dict(storage_options or {})})
         self._partitions: int | None = None
 
     def path(self, *parts: str) -> str:

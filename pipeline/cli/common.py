@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from pipeline.config import Config, ConfigError, load_config
+from pipeline.config import Config, ConfigError, config_from_yaml, load_config
 from pipeline.progress import LogFormat, setup_logging
 from pipeline.storage import Corpus
 from pipeline.summary import print_summary
@@ -90,7 +90,9 @@ def _target(target: str, root: str | None) -> tuple[Corpus, Config]:
         cfg = load_config(path)
         return Corpus(cfg.corpus_root(root)), cfg
     corpus = Corpus(root or target)
-    return corpus, load_config(corpus.local_path("config.yaml"))
+    # Through the root's filesystem: the root may be on an object store.
+    text = corpus.fs.cat_file(corpus.path("config.yaml")).decode("utf-8")
+    return corpus, config_from_yaml(text, f"{corpus.url.rstrip('/')}/config.yaml")
 
 
 def _on_target(target: str, root: str | None, run: Callable[[Corpus, Config], dict]) -> dict:

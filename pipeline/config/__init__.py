@@ -23,6 +23,7 @@ from pipeline.config.loading import (
     config_hash,
     config_json_schema,
     dump_config,
+    config_from_yaml,
     load_config,
     parse_config,
 )
@@ -59,6 +60,6 @@ __all__ = [
     "FramesConfig", "GoogleAsrConfig", "ListSource", "MILNCE_PREFIX", "ParquetShardConfig",
     "PlaylistSource", "QualityConfig", "ScoreConfig", "SearchSource", "SentenceConfig", "ShardsConfig",
     "Source", "StorageConfig", "TrainConfig", "TrainModel", "TranscribeConfig", "UrlsSource",
-    "WebDatasetConfig", "config_hash", "config_json_schema", "dump_config", "load_config",
+    "WebDatasetConfig", "config_from_yaml", "config_hash", "config_json_schema", "dump_config", "load_config",
     "milnce_weights", "parse_config", "score_key",
 ]

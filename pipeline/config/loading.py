@@ -55,6 +55,11 @@ def load_config(path: str | Path) -> Config:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, [f"(file): cannot read: {exc}"]) from None
+    return config_from_yaml(text, source)
+
+
+def config_from_yaml(text: str, source: str) -> Config:
+    """A config from YAML text (a file's, or an object's on a remote root), as load_config."""
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:

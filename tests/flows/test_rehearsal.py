@@ -1,0 +1,147 @@
+"""A small production rehearsal (bench/rehearsal.py at suite size), with the commands of
+infra/README.md as a user types them: `python infra/stack.py up` (PostgreSQL under the Prefect
+server, a process worker, `dask scheduler` and three `dask worker` processes, one with GPU=1,
+an S3 store on moto's server behind the counting proxy), `vlcorpus deploy`, `prefect deployment
+run rebuild_corpus/rebuild ... --watch` on an s3:// root, 24 videos in 4 partitions. The build
+completes, the corpus on S3 validates, featurize ran on the GPU worker only, the server's log
+holds no database error meanwhile; after `stack.py restart postgres` and `stack.py kill` of a Dask worker,
+the deployment runs again and changes nothing; `stack.py down` stops every part."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from conftest import ROOT, require_binaries
+
+pytestmark = pytest.mark.slow
+
+sys.path.insert(0, str(ROOT / "infra"))
+sys.path.insert(0, str(ROOT / "bench"))
+BIN = Path(sys.executable).parent
+VIDEOS = 24
+
+
+def _needs() -> None:
+    require_binaries("ffmpeg", "ffprobe")
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from stack import _pg_bin
+
+    try:
+        _pg_bin("initdb")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        pytest.skip("needs runuser to start PostgreSQL as the postgres user")
+
+
+def _run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(args, env={**os.environ, **(env or {})}, cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)
+
+
+def _stack(*args: str) -> subprocess.CompletedProcess:
+    done = _run([sys.executable, "infra/stack.py", *args])
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def _exports(text: str) -> dict[str, str]:
+    return dict(line.removeprefix("export ").split("=", 1) for line in text.splitlines()
+                if line.startswith("export "))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    _needs()
+    from stack import Stack
+
+    folder = str(tmp_path_factory.mktemp("stack"))
+    up = _stack("up", "--dir", folder)
+    running = Stack.load(folder)
+    pids = list(running.pids.values())
+    try:
+        assert _exports(up.stdout) == _exports(_stack("env", "--dir", folder).stdout) == running.env()
+        yield running
+    finally:
+        _stack("down", "--dir", folder)
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert not Path(running.pgdata).exists()
+
+
+def _store(stack) -> dict:
+    with urllib.request.urlopen(f"{stack.store_url}/__faults__") as response:
+        return json.loads(response.read())
+
+
+def _log(stack, part: str) -> str:
+    return (Path(stack.dir) / "logs" / f"{part}.log").read_text()[-5000:]
+
+
+def _rebuild(stack, config: Path, root: str) -> None:
+    done = _run([str(BIN / "prefect"), "deployment", "run", "rebuild_corpus/rebuild",
+                 "-p", f"config={config}", "-p", f"root={root}", "--watch", "--watch-interval", "2"],
+                stack.env())
+    assert done.returncode == 0 and "Completed" in done.stdout, done.stdout[-2000:] + _log(stack, "prefect-worker")
+
+
+def test_a_deployment_builds_on_postgres_dask_and_s3(stack, tmp_path):
+    from benchkit import make_caption_site
+
+    from pipeline.demo import serve_demo
+
+    make_caption_site(tmp_path / "site", VIDEOS, 6, size="160x120")
+    env = stack.env()
+    root = stack.root("suite")
+    with serve_demo(tmp_path / "site"):
+        config = tmp_path / "my.yaml"
+        config.write_text(yaml.safe_dump({
+            "name": "rehearsal", "sources": [{"type": "list", "path": str(tmp_path / "site" / "urls.txt")}],
+            "download": {"rate_limit": None, "per_host": None},
+            "transcribe": {"prefer": ["manual"]},
+            "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"}]},
+            "shards": {"samples_per_shard": 16},
+            "storage": {"keep_media": False},
+            "execution": {"batch_size": 4, "partitions": 4, "gpu_resource": True},
+        }))
+        deployed = _run([str(BIN / "vlcorpus"), "deploy"], env)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        before = _store(stack)
+        _rebuild(stack, config, root)
+        store = _store(stack)
+        status = json.loads(_run([str(BIN / "vlcorpus"), "status", root, "--json"], env).stdout)
+        server_log = (Path(stack.dir) / "logs" / "prefect-server.log").read_text()
+        _stack("restart", "postgres", "--dir", stack.dir)
+        _stack("kill", "dask-worker-cpu-1", "--dir", stack.dir)
+        _rebuild(stack, config, root)
+    assert status["partitions"] == 4
+    stages = status["stages"]
+    assert stages["download"]["done"] == VIDEOS and stages["shard"]["todo"] == 0
+    assert stages["shard"]["done"] == stages["featurize:resnet34"]["done"] > VIDEOS  # clips
+    assert store["requests"] > before["requests"] and store["bytes_in"] > 0  # the root is on S3
+    checked = _run([str(BIN / "vlcorpus"), "validate", root], env)
+    assert checked.returncode == 0 and "valid" in checked.stdout, checked.stdout + checked.stderr
+    assert json.loads(_run([str(BIN / "vlcorpus"), "status", root, "--json"], env).stdout)["stages"] == stages
+    assert "OperationalError" not in server_log and "database is locked" not in server_log
+    assert _featurize_workers(root, env) == {"dask-worker-gpu-1"}
+
+
+def _featurize_workers(root: str, env: dict[str, str]) -> set[str]:
+    """Which Dask workers ran the featurize tasks, from the first build's record on the root."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(endpoint_url=env["AWS_ENDPOINT_URL"], key=env["AWS_ACCESS_KEY_ID"],
+                           secret=env["AWS_SECRET_ACCESS_KEY"])
+    path = root.removeprefix("s3://")
+    record = json.loads(fs.cat_file(sorted(fs.glob(f"{path}/runs/build/*.json"))[0]))
+    return set(record["stages"]["featurize:resnet34"]["workers"])
