@@ -304,7 +304,7 @@ def main() -> None:
         result = {
             "videos": args.videos, "partitions": status["partitions"], "state": state, "runs": runs,
             "wall_s": round(wall, 1), "videos_per_min": round(args.videos * 60 / wall, 1),
-            "clips": status["stages"]["align"]["done"],
+            "clips": status["stages"]["shard"]["upstream"],
             "task_runs": figures["task_runs"], "task_runs_of_build": built["run_task_runs"],
             "flow_runs": figures["flow_runs"], "prefect_db_bytes": db_size(stack),
             "peak_rss_mb": {k: round(v) for k, v in sorted(peaks.peaks.items())},

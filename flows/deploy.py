@@ -12,6 +12,7 @@ then name a module the cluster's workers cannot import.
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from prefect.client.schemas.objects import ConcurrencyLimitConfig
 from prefect.deployments.runner import EntrypointType
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Cron
+from prefect.settings import PREFECT_API_URL
 
 from prefect import Flow
 
@@ -74,12 +76,32 @@ def _concurrency(item: dict[str, Any]) -> ConcurrencyLimitConfig | None:
     return ConcurrencyLimitConfig.model_validate(limit if isinstance(limit, dict) else {"limit": limit})
 
 
+_START_ONE = ("start one with `prefect server start` and export PREFECT_API_URL=http://127.0.0.1:4200/api "
+              "(infra/README.md), or point PREFECT_API_URL at yours")
+
+
+def check_server() -> str:
+    """The API deployments go to: PREFECT_API_URL, answering. Without it Prefect would register
+    them on a temporary server that stops with this command, and they would be gone."""
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise DeployError(f"no Prefect server to register the deployments on: PREFECT_API_URL is not set; {_START_ONE}")
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=10) as response:
+            if response.status == 200:
+                return url
+    except OSError as exc:
+        raise DeployError(f"no Prefect server answers at PREFECT_API_URL={url} ({exc}); {_START_ONE}") from None
+    raise DeployError(f"the Prefect server at PREFECT_API_URL={url} is not healthy; {_START_ONE}")
+
+
 def deploy(file: Path, working_dir: Path, pool: str | None = None) -> tuple[list[str], Path]:
     """Apply every deployment of ``file``, run by workers in ``working_dir``; returns their ids
     and the checked working directory."""
     spec = yaml.safe_load(file.read_text())
     directory = check_working_dir(working_dir, spec["deployments"])
     flows = [_entrypoint(item["name"], item["entrypoint"]) for item in spec["deployments"]]
+    check_server()
     ids = []
     for item, flow_fn in zip(spec["deployments"], flows):
         pool_name = pool or item["work_pool"]["name"]

@@ -1,5 +1,6 @@
 """`vlcorpus deploy` refuses, in one line and before contacting any server, a working directory
-that workers could not run the deployments in."""
+that workers could not run the deployments in; and, in one line, to register without a Prefect
+server to keep the deployments."""
 
 from __future__ import annotations
 
@@ -51,3 +52,14 @@ def test_an_unknown_entrypoint_is_refused(tmp_path):
     with pytest.raises(DeployError, match="^old-style: unknown entrypoint flows/build.py:rebuild_corpus; "
                                           "use flows.build.rebuild_corpus"):
         deploy(deployments, ROOT)
+
+
+@pytest.mark.parametrize("api", ["", "http://127.0.0.1:9/api"])
+def test_without_a_prefect_server_deploy_refuses_in_one_line(api):
+    """No PREFECT_API_URL (Prefect would register on a temporary server that stops with the
+    command) or none answering: one line that says how to start one, exit 2."""
+    result = _deploy(env={"PREFECT_API_URL": api})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vlcorpus deploy: no Prefect server")
+    assert "prefect server start" in lines[0] and "ERROR" not in result.stderr
