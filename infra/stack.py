@@ -173,9 +173,12 @@ class Stack:
     def start_prefect_server(self) -> None:
         self._spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
                                        "--port", str(self.ports["prefect-server"]), "--no-ui"],
-                    {"PREFECT_API_DATABASE_CONNECTION_URL": self.database_url,
-                     "PREFECT_HOME": str(Path(self.dir) / "prefect"), "PREFECT_API_URL": ""})
+                    self._server_env())
         _wait("the Prefect server", lambda: _answers(f"{self.api_url}/health"), timeout_s=180)
+
+    def _server_env(self) -> dict[str, str]:
+        return {"PREFECT_API_DATABASE_CONNECTION_URL": self.database_url,
+                "PREFECT_HOME": str(Path(self.dir) / "prefect"), "PREFECT_API_URL": ""}
 
     def start_prefect_worker(self) -> None:
         self._spawn("prefect-worker", [str(BIN / "prefect"), "worker", "start", "--pool", "vlcorpus",
@@ -234,10 +237,7 @@ class Stack:
             return
         cmd = self.commands[name]
         self.stop(name)
-        env = ({"PREFECT_API_DATABASE_CONNECTION_URL": self.database_url,
-                "PREFECT_HOME": str(Path(self.dir) / "prefect"), "PREFECT_API_URL": ""}
-               if name == "prefect-server" else None)
-        self._spawn(name, cmd, env)
+        self._spawn(name, cmd, self._server_env() if name == "prefect-server" else None)
 
     def down(self) -> None:
         for name in reversed(list(self.pids)):
