@@ -75,7 +75,16 @@ def build(
     except (SetupError, LayoutError) as exc:
         _error(exc)
         raise typer.Exit(2) from None
+    _finish(summary, mode)
+
+
+def _finish(summary: dict, mode: LogFormat) -> None:
+    """The summary, then an unhealthy build's verdict on stderr and exit 1 (its work is
+    committed; the config's health section says what a healthy build is)."""
     _emit(summary, mode)
+    if not summary["health"]["healthy"]:
+        _error(summary["health"]["message"])
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -99,4 +108,4 @@ def demo(
 
     with _build_output(mode, verbose, str(root / "corpus")):
         summary = run_demo(root, n_videos=videos, seed=seed, until=until, port=port)
-    _emit(summary, mode)
+    _finish(summary, mode)

@@ -18,6 +18,7 @@ from pipeline.config.features import (
     FeaturesConfig,
     FramesConfig,
 )
+from pipeline.config.health import HealthConfig
 from pipeline.config.loading import (
     SCHEMA_PATH,
     config_hash,
@@ -56,7 +57,7 @@ from pipeline.config.train import TRAIN_DEFAULTS, TrainConfig, TrainModel
 __all__ = [
     "SCHEMA_PATH", "SOURCE_TYPES", "TEXT_PREFIX", "TRAIN_DEFAULTS", "VISUAL_EXTRACTORS",
     "AlignConfig", "AsrConfig", "ClipMediaConfig", "Config", "ConfigError", "DownloadConfig",
-    "ExecutionConfig", "ExtractorConfig", "FeaturesConfig", "FiltersConfig", "FolderSource",
+    "ExecutionConfig", "ExtractorConfig", "HealthConfig", "FeaturesConfig", "FiltersConfig", "FolderSource",
     "FramesConfig", "GoogleAsrConfig", "ListSource", "MILNCE_PREFIX", "ParquetShardConfig",
     "PlaylistSource", "QualityConfig", "ScoreConfig", "SearchSource", "SentenceConfig", "ShardsConfig",
     "Source", "StorageConfig", "TrainConfig", "TrainModel", "TranscribeConfig", "UrlsSource",

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from pipeline.config.messages import problem_lines
 from pipeline.config.model import Config
+from pipeline.config.paths import rebase
 from pipeline.config.problems import ConfigError
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.json"
@@ -49,13 +50,13 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 def load_config(path: str | Path) -> Config:
     """Read and validate a YAML config file; unreadable files, bad YAML and bad values all raise
-    ConfigError."""
+    ConfigError. Relative paths in it are resolved against the file's folder."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, [f"(file): cannot read: {exc}"]) from None
-    return config_from_yaml(text, source)
+    return rebase(config_from_yaml(text, source), Path(path).parent)
 
 
 def config_from_yaml(text: str, source: str) -> Config:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -9,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pipeline.config.execution import ExecutionConfig
 from pipeline.graph import SCORES
 from pipeline.config.features import TEXT_PREFIX, FeaturesConfig, FramesConfig
+from pipeline.config.health import HealthConfig
 from pipeline.config.problems import Found, raise_if
 from pipeline.config.score import ScoreConfig, milnce_weights, score_key
 from pipeline.config.sections import AlignConfig, DownloadConfig, FiltersConfig, TranscribeConfig
@@ -17,9 +19,12 @@ from pipeline.config.sources import Source
 from pipeline.config.storage import StorageConfig
 from pipeline.config.train import TrainConfig
 
+# Where corpora live when neither a config nor a caller names a root.
+ROOT_ENV = "VLCORPUS_ROOT"
+
 _SECTIONS_WITH_DEFAULTS = (
     "filters", "download", "transcribe", "align", "frames", "features", "shards", "storage",
-    "execution",
+    "execution", "health",
 )
 
 
@@ -43,12 +48,18 @@ class Config(BaseModel):
                                       "in the shards)")
     storage: StorageConfig = Field(default_factory=StorageConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
 
     def corpus_root(self, override: str | None = None) -> str:
-        """Where the corpus lives: ``override`` (a --root option) or the config's ``root``."""
+        """Where the corpus lives: ``override`` (a --root option or a deployment's parameter),
+        the config's ``root``, or ``$VLCORPUS_ROOT/<name>`` (one folder or bucket prefix for
+        every corpus a machine builds)."""
         chosen = override or self.root
+        if not chosen and os.environ.get(ROOT_ENV):
+            chosen = f"{os.environ[ROOT_ENV].rstrip('/')}/{self.name}"
         if not chosen:
-            raise ValueError(f"config {self.name!r} has no corpus root: pass --root or set `root:` in it")
+            raise ValueError(f"config {self.name!r} has no corpus root: pass --root, set `root:` in "
+                             f"it, or set {ROOT_ENV} (the corpus is then ${ROOT_ENV}/{self.name})")
         return chosen
 
     @model_validator(mode="before")

@@ -4,6 +4,7 @@ commands that are not built yet, stats as JSON, the demo site made and served.""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,9 +21,9 @@ from pipeline.runner import RetryPolicy, StageContext, run_stage
 from pipeline.storage import Corpus
 
 
-def vlcorpus(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def vlcorpus(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True,
-                          text=True, timeout=300, cwd=cwd)
+                          text=True, timeout=300, cwd=cwd, env={**os.environ, **(env or {})})
 
 
 def test_typo_and_wrong_type_fail_before_any_work(tmp_path):
@@ -42,10 +43,11 @@ def test_typo_and_wrong_type_fail_before_any_work(tmp_path):
 def test_a_config_without_a_root_is_one_line(tmp_path, command):
     config = tmp_path / "rootless.yaml"
     config.write_text("name: rootless\nsources:\n  - type: urls\n    urls: [http://127.0.0.1/x]\n")
-    result = vlcorpus(command, str(config))
+    result = vlcorpus(command, str(config), env={"VLCORPUS_ROOT": ""})
     assert result.returncode == 2, result.stderr
-    assert result.stderr.strip() == ("config 'rootless' has no corpus root: pass --root or set "
-                                     "`root:` in it")
+    assert " ".join(result.stderr.split()) == (
+        "config 'rootless' has no corpus root: pass --root, set `root:` in it, or set VLCORPUS_ROOT "
+        "(the corpus is then $VLCORPUS_ROOT/rootless)")
 
 
 @pytest.mark.slow
@@ -156,3 +158,34 @@ def test_build_output_says_why_a_stage_stopped(capsys):
         "download": {"ok": 3, "stopped": stopped, "left": 9}, "transcribe": {"ok": 3}}}, "rich")
     out = capsys.readouterr().out
     assert "download: downloads stopped: the site has refused" in out and "transcribe:" not in out
+
+
+def test_a_dead_source_fails_the_build_and_config_paths_are_read_beside_the_config(tmp_path):
+    """Run from another folder: the config's relative root and list are beside the config. A
+    list that is not there yet: the build commits its errors row, says why it is unhealthy,
+    exits 1; once the list is there, the same command builds and exits 0."""
+    configs, elsewhere = tmp_path / "configs", tmp_path / "elsewhere"
+    configs.mkdir()
+    elsewhere.mkdir()
+    config = configs / "dead.yaml"
+    config.write_text("name: dead\nroot: r2\nsources:\n  - type: list\n    path: urls.txt\n"
+                      "execution: {n_workers: 1}\n")
+    args = ("build", "../configs/dead.yaml", "--until", "discover", "--json")
+    failed = vlcorpus(*args, cwd=elsewhere)
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    summary = json.loads(failed.stdout.strip().splitlines()[-1])
+    root = configs / "r2"
+    assert summary["root"] == str(root) and not (elsewhere / "r2").exists()
+    assert summary["errors"] == {"discover": {"bad_input": 1}}
+    assert not summary["health"]["healthy"]
+    message = summary["health"]["message"]
+    assert message.split(":")[0] == f"The build of {root} is unhealthy"
+    assert " ".join(failed.stderr.split()).endswith(message)
+    assert "the sources listed 0 videos (at least 1 expected; 1 of 1 queries failed)" in message
+    assert str(configs / "urls.txt") in Corpus(str(root)).read("errors").column("message")[0].as_py()
+
+    (configs / "urls.txt").write_text("http://127.0.0.1:9/a.mp4\nhttp://127.0.0.1:9/b.mp4\n")
+    healthy = vlcorpus(*args, cwd=elsewhere)
+    assert healthy.returncode == 0, healthy.stderr[-2000:]
+    summary = json.loads(healthy.stdout.strip().splitlines()[-1])
+    assert summary["tables"]["videos"] == 2 and summary["health"]["healthy"]

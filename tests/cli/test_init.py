@@ -73,7 +73,7 @@ def test_init_writes_a_starter_that_loads(tmp_path, style):
     path = out / f"{name}.yaml"
     assert str(path) in result.stderr
     cfg = load_config(path)
-    assert cfg.name == name and cfg.root == f"corpora/{name}"
+    assert cfg.name == name and cfg.root == str(out / "corpora" / name)  # beside the config
     key_settings(style, cfg)
     assert schema_target(path) == SCHEMA_PATH.resolve()
     text = path.read_text(encoding="utf-8")
