@@ -27,17 +27,20 @@ from typing import Any
 from prefect import Flow, flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
+from prefect.states import Cancelled, Failed
 from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
 
 from flows.partitions import run_partitions
 from flows.progress import publish_summary
 from flows.services import build_services
+from flows.siblings import mark_crashed, superseded
 
 from pipeline.config import Config, config_hash, dump_config, load_config
 from pipeline.errors import SetupError
+from pipeline.health import assess
 from pipeline.graph import AFTER_TRAIN, ORDER, SPECS, check_name, stages_until
-from pipeline.rootlock import root_lock
+from pipeline.rootlock import Holder, root_lock
 from pipeline.runner import run_step
 from pipeline.scoring import unavailable as score_unavailable
 from pipeline.setup import check_stages
@@ -209,22 +212,35 @@ def run_build(
     with root_lock(chosen, **_lock_owner()), build_services(cfg, chosen, dask_address) as address:
         runner = DaskTaskRunner(address=address)
         if stage is None:
-            return build_corpus.with_options(task_runner=runner)(cfg, root=chosen, until=until,
-                                                                 retry_failed=retry_failed)
-        stage_flow = STAGE_FLOWS[check_name(stage)].with_options(task_runner=runner)
-        reports = stage_flow(cfg, root=chosen, retry_failed=retry_failed)
-    summary = summarize(Corpus(chosen))
-    summary["stages"] = reports
+            summary = build_corpus.with_options(task_runner=runner)(cfg, root=chosen, until=until,
+                                                                    retry_failed=retry_failed)
+        else:
+            stage_flow = STAGE_FLOWS[check_name(stage)].with_options(task_runner=runner)
+            reports = stage_flow(cfg, root=chosen, retry_failed=retry_failed)
+            summary = {**summarize(Corpus(chosen)), "stages": reports}
+    summary["health"] = assess(cfg.health, summary).as_dict()
     return summary
 
 
 def _lock_owner() -> dict[str, Any]:
     """Who takes the root lock and where its messages go: the deployment's flow run (whose log
-    the server keeps) or the command line."""
+    the server keeps; a run that died holding the root is marked Crashed when this one takes
+    it over) or the command line."""
     run = FlowRunContext.get()
     if run is None:
         return {"label": "vlcorpus build"}
-    return {"label": f"flow run {run.flow_run.name!r}", "logger": get_run_logger()}
+    label, logger = f"flow run {run.flow_run.name!r}", get_run_logger()
+
+    def crashed(holder: Holder, reason: str) -> None:
+        try:
+            marked = mark_crashed(holder, reason, label)
+        except Exception as exc:  # noqa: BLE001 - another server's run, or the server is busy
+            logger.warning("could not mark the run of %s Crashed: %s", holder.describe(), exc)
+            return
+        if marked:
+            logger.warning("marked %d run(s) of %s Crashed: %s", len(marked), holder.describe(), reason)
+
+    return {"label": label, "logger": logger, "run": str(run.flow_run.id), "on_takeover": crashed}
 
 
 @flow(name="rebuild_corpus", persist_result=False)
@@ -236,6 +252,17 @@ def rebuild_corpus(
     retry_failed: bool = False,
 ) -> dict[str, Any]:
     """The deployments' entry point (scheduled and ad hoc): ``build_corpus`` as a subflow on
-    the Dask cluster of ``dask_address`` (or of the config, or a local one)."""
-    return run_build(config, root=root, until=until, dask_address=dask_address,
-                     retry_failed=retry_failed)
+    the Dask cluster of ``dask_address`` (or of the config, or a local one). An unhealthy
+    build (the config's health section) ends Failed once everything it did is committed. A
+    scheduled run with a newer one of its deployment also due (missed while no worker was up)
+    ends Cancelled without building: the newest builds."""
+    why = superseded(FlowRunContext.get().flow_run)
+    if why is not None:
+        get_run_logger().warning(why)
+        return Cancelled(message=why)
+    summary = run_build(config, root=root, until=until, dask_address=dask_address,
+                        retry_failed=retry_failed)
+    if not summary["health"]["healthy"]:
+        get_run_logger().error(summary["health"]["message"])
+        return Failed(message=summary["health"]["message"], data=summary)
+    return summary

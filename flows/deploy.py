@@ -22,12 +22,16 @@ from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.objects import ConcurrencyLimitConfig
 from prefect.deployments.runner import EntrypointType
 from prefect.exceptions import ObjectAlreadyExists
-from prefect.schedules import Cron
+from prefect.schedules import Schedule
 from prefect.settings import PREFECT_API_URL
 
 from prefect import Flow
 
 from flows import build
+from flows.schedules import ScheduleError, read_schedule
+
+from pipeline.config import ConfigError, load_config
+from pipeline.config.model import ROOT_ENV
 
 
 class DeployError(ValueError):
@@ -95,23 +99,74 @@ def check_server() -> str:
     raise DeployError(f"the Prefect server at PREFECT_API_URL={url} is not healthy; {_START_ONE}")
 
 
-def deploy(file: Path, working_dir: Path, pool: str | None = None) -> tuple[list[str], Path]:
-    """Apply every deployment of ``file``, run by workers in ``working_dir``; returns their ids
-    and the checked working directory."""
+def _check(item: dict[str, Any], directory: Path) -> tuple[list[Schedule], dict[str, Any]]:
+    """What registering ``item`` needs, checked: its schedules, and its parameters with the
+    root it builds named (from the parameters, the config, or $VLCORPUS_ROOT when deployed).
+    DeployError names the deployment and what is missing."""
+    name = item["name"]
+    try:
+        schedules = [read_schedule(entry) for entry in item.get("schedules") or []]
+    except ScheduleError as exc:
+        raise DeployError(f"{name}: {exc}") from None
+    parameters = dict(item.get("parameters") or {})
+    config = parameters.get("config")
+    if config is None or "://" in str(config):
+        if schedules and config is None:
+            raise DeployError(f"{name}: a scheduled deployment needs a config parameter")
+        return schedules, parameters
+    try:
+        cfg = load_config(directory / config)
+    except ConfigError as exc:
+        raise DeployError(f"{name}: config {config} is not valid: {'; '.join(exc.problems)}") from None
+    try:
+        parameters["root"] = cfg.corpus_root(parameters.get("root"))
+    except ValueError:
+        raise DeployError(f"{name}: no corpus root: config {config} has no root and neither the "
+                          f"deployment's parameters nor {ROOT_ENV} give one (set {ROOT_ENV}=/data/corpora "
+                          f"or s3://bucket/corpora, or add root: to its parameters)") from None
+    for source in cfg.sources:
+        path = getattr(source, "path", None)
+        if path is not None and "://" not in path and not Path(path).exists():
+            label = f"{source.type} source {source.name!r}" if source.name else f"{source.type} source"
+            raise DeployError(f"{name}: the {label} of config {config} reads {path}, which does not exist")
+    return schedules, parameters
+
+
+def deploy(file: Path, working_dir: Path, pool: str | None = None,
+           names: list[str] | None = None) -> tuple[list[str], Path]:
+    """Apply the deployments of ``file`` (those of ``names``, or all), run by workers in
+    ``working_dir``; returns their ids and the checked working directory. Every deployment is
+    checked before any is registered: one that could not run is refused, with all the others."""
     spec = yaml.safe_load(file.read_text())
-    directory = check_working_dir(working_dir, spec["deployments"])
-    flows = [_entrypoint(item["name"], item["entrypoint"]) for item in spec["deployments"]]
+    items = spec["deployments"]
+    if names:
+        unknown = sorted(set(names) - {item["name"] for item in items})
+        if unknown:
+            raise DeployError(f"no deployment {', '.join(unknown)} in {file}; it has "
+                              f"{', '.join(item['name'] for item in items)}")
+        items = [item for item in items if item["name"] in names]
+    directory = check_working_dir(working_dir, items)
+    problems, checked = [], []
+    for item in items:
+        try:
+            checked.append((item, _entrypoint(item["name"], item["entrypoint"]), *_check(item, directory)))
+        except DeployError as exc:
+            problems.append(str(exc))
+    if problems:
+        good = [item["name"] for item in items if not any(p.startswith(f"{item['name']}: ") for p in problems)]
+        hint = "nothing registered" + (f"; {' '.join(f'--name {n}' for n in good)} registers the ones "
+                                       f"that can run" if good else "")
+        raise DeployError("\n".join(problems) + f"\n({hint})")
     check_server()
     ids = []
-    for item, flow_fn in zip(spec["deployments"], flows):
+    for item, flow_fn, schedules, parameters in checked:
         pool_name = pool or item["work_pool"]["name"]
         ensure_pool(pool_name)
         deployment = flow_fn.to_deployment(
             name=item["name"],
             description=item.get("description"),
-            parameters=item.get("parameters") or {},
-            schedules=[Cron(s["cron"], timezone=s.get("timezone", "UTC"))
-                       for s in item.get("schedules") or []],
+            parameters=parameters,
+            schedules=schedules,
             concurrency_limit=_concurrency(item),
             work_pool_name=pool_name,
             job_variables={"working_dir": str(directory)},

@@ -4,9 +4,11 @@ The lock is ``<root>/_lock.json``, created with fsspec's exclusive mode ``"xb"``
 a local disk, a conditional put on object stores that offer one). Its holder rewrites the
 heartbeat every ``heartbeat_s`` seconds. A lock is stale, and taken over, when its heartbeat is
 older than ``stale_s`` or when its holder ran on this host and its process is gone, so a run
-that crashed or was killed cannot hold a root forever. Two runs that find the same stale lock
-in the same instant could both take it over; the deployments' concurrency limit keeps runs of
-one deployment from ever meeting here.
+that crashed or was killed cannot hold a root forever; whoever takes a lock over is told whose
+it was (``on_takeover``), so that a Prefect run that died with it can be marked Crashed. The
+stale record is read again just before it is removed, so that of two runs taking over the same
+lock the later one sees the new holder; only two that read, check and remove within the same
+few milliseconds could both proceed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 
@@ -27,8 +29,9 @@ import fsspec
 from pipeline.progress import log as default_log
 
 LOCK_FILE = "_lock.json"
-STALE_S = 600.0
-HEARTBEAT_S = 30.0
+# Four missed heartbeats: a build killed on another machine is taken over within a minute.
+STALE_S = 60.0
+HEARTBEAT_S = 15.0
 POLL_S = 5.0
 
 Logger = logging.Logger | logging.LoggerAdapter
@@ -44,6 +47,7 @@ class Holder:
     pid: int
     since: float
     heartbeat: float
+    run: str | None = None  # the Prefect flow run that holds it, if any
 
     def describe(self) -> str:
         return f"{self.label} (pid {self.pid} on {self.host})"
@@ -74,13 +78,15 @@ class RootLock:
 
     def __init__(self, url: str, label: str, *, stale_s: float = STALE_S,
                  heartbeat_s: float = HEARTBEAT_S, poll_s: float = POLL_S,
-                 logger: Logger = default_log) -> None:
+                 logger: Logger = default_log, run: str | None = None,
+                 on_takeover: Callable[[Holder, str], None] | None = None) -> None:
         self.url = url
         self.fs, root = fsspec.core.url_to_fs(url)
         self.path = f"{root.rstrip('/')}/{LOCK_FILE}"
         self.label = label
         self.stale_s, self.heartbeat_s, self.poll_s = stale_s, heartbeat_s, poll_s
         self.logger = logger
+        self.run, self.on_takeover = run, on_takeover
         self.token = uuid.uuid4().hex
         self._since = 0.0
         self._stop = threading.Event()
@@ -105,7 +111,8 @@ class RootLock:
             return time.time()
 
     def _record(self) -> bytes:
-        me = Holder(self.token, self.label, socket.gethostname(), os.getpid(), self._since, time.time())
+        me = Holder(self.token, self.label, socket.gethostname(), os.getpid(), self._since, time.time(),
+                    self.run)
         return json.dumps(asdict(me)).encode()
 
     def try_acquire(self) -> Holder | None:
@@ -123,8 +130,12 @@ class RootLock:
         reason = stale_reason(holder, self.stale_s if holder.token else 2 * self.heartbeat_s)
         if reason is None:
             return holder
+        if self.holder() != holder:  # taken over (or released) by another run meanwhile
+            return self.try_acquire()
         self.logger.warning("%s: taking over the lock of %s: %s", self.url, holder.describe(), reason)
         self.fs.rm_file(self.path)
+        if self.on_takeover is not None and holder.token:
+            self.on_takeover(holder, reason)
         return self.try_acquire()
 
     def acquire(self) -> None:
@@ -167,9 +178,11 @@ class RootLock:
 
 @contextmanager
 def root_lock(url: str, label: str, *, stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S,
-              poll_s: float = POLL_S, logger: Logger = default_log) -> Iterator[RootLock]:
+              poll_s: float = POLL_S, logger: Logger = default_log, run: str | None = None,
+              on_takeover: Callable[[Holder, str], None] | None = None) -> Iterator[RootLock]:
     """Hold ``url``'s build lock for the block (waiting for a live holder to finish first)."""
-    lock = RootLock(url, label, stale_s=stale_s, heartbeat_s=heartbeat_s, poll_s=poll_s, logger=logger)
+    lock = RootLock(url, label, stale_s=stale_s, heartbeat_s=heartbeat_s, poll_s=poll_s, logger=logger,
+                    run=run, on_takeover=on_takeover)
     lock.acquire()
     try:
         yield lock

@@ -60,16 +60,20 @@ def deploy(
         envvar="VLCORPUS_WORKING_DIR",
         help="Folder the worker runs the flows in, holding flows/ and configs/ (default: the "
              "current directory).")] = None,
+    name: Annotated[list[str] | None, typer.Option(
+        "--name", help="Register only this deployment (repeat for several).")] = None,
 ) -> None:
     """Register the deployments of FILE with the Prefect server of PREFECT_API_URL, creating
-    their process work pool when it does not exist."""
+    their process work pool when it does not exist. Each is checked first (config, root,
+    source files, schedules); if one could not run, none is registered (exit 2)."""
     from flows.deploy import DeployError
     from flows.deploy import deploy as apply
 
     try:
-        ids, directory = apply(file, working_dir or Path.cwd(), pool)
+        ids, directory = apply(file, working_dir or Path.cwd(), pool, name)
     except DeployError as exc:
-        console.print(f"vlcorpus deploy: {exc}", style="red", highlight=False, soft_wrap=True)
+        for line in str(exc).splitlines():
+            console.print(f"vlcorpus deploy: {line}", style="red", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     console.print(f"registered {len(ids)} deployments from {file}; workers run them in {directory}",
                   highlight=False, soft_wrap=True)

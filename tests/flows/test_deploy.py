@@ -1,6 +1,8 @@
-"""`vlcorpus deploy` refuses, in one line and before contacting any server, a working directory
-that workers could not run the deployments in; and, in one line, to register without a Prefect
-server to keep the deployments."""
+"""`vlcorpus deploy` refuses, in one line each and before contacting any server, deployments that
+could not run as written (a working directory without their configs, no corpus root, a list file
+that is not there, a schedule it cannot read) and registers none of them; and, in one line, to
+register without a Prefect server to keep the deployments. The schedule forms of Prefect's
+prefect.yaml register as written."""
 
 from __future__ import annotations
 
@@ -58,8 +60,86 @@ def test_an_unknown_entrypoint_is_refused(tmp_path):
 def test_without_a_prefect_server_deploy_refuses_in_one_line(api):
     """No PREFECT_API_URL (Prefect would register on a temporary server that stops with the
     command) or none answering: one line that says how to start one, exit 2."""
-    result = _deploy(env={"PREFECT_API_URL": api})
+    result = _deploy("--name", "rebuild", env={"PREFECT_API_URL": api})
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vlcorpus deploy: no Prefect server")
     assert "prefect server start" in lines[0] and "ERROR" not in result.stderr
+
+
+def _lines(result: subprocess.CompletedProcess) -> list[str]:
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    return [line.removeprefix("vlcorpus deploy: ") for line in result.stderr.strip().splitlines()]
+
+
+def test_the_shipped_deployments_are_refused_until_they_have_a_root_and_their_lists(tmp_path):
+    lines = _lines(_deploy(env={"VLCORPUS_ROOT": ""}))
+    for name, config in [("apartment-tour-weekly", "apartment_tour"), ("spoken-moments-weekly", "spoken_moments"),
+                         ("howto100m-monthly", "howto100m")]:
+        assert any(line.startswith(f"{name}: no corpus root: config configs/{config}.yaml has no root "
+                                   f"and neither the deployment's parameters nor VLCORPUS_ROOT give one")
+                   for line in lines), lines
+    assert lines[-1] == "(nothing registered; --name rebuild registers the ones that can run)"
+
+    lines = _lines(_deploy(env={"VLCORPUS_ROOT": str(tmp_path / "corpora")}))
+    assert lines == [
+        f"spoken-moments-weekly: the list source 'smit' of config configs/spoken_moments.yaml reads "
+        f"{ROOT / 'configs' / 'spoken_moments.csv'}, which does not exist",
+        f"howto100m-monthly: the list source 'howto100m' of config configs/howto100m.yaml reads "
+        f"{ROOT / 'configs' / 'HowTo100M_v1.csv'}, which does not exist",
+        "(nothing registered; --name apartment-tour-weekly --name rebuild registers the ones that can run)",
+    ]
+
+
+BAD_SCHEDULES = {
+    "every-day": ({"every": "day"}, "a schedule has exactly one of cron, interval, rrule (got every)"),
+    "two-forms": ({"cron": "0 3 * * *", "interval": 60}, "a schedule has exactly one of cron, interval, rrule"),
+    "bad-cron": ({"cron": "0 25 * * *"}, "cron schedule: Value error, Invalid cron string"),
+    "bad-zone": ({"cron": "0 3 * * *", "timezone": "Mars/Olympus"}, "Invalid timezone"),
+    "negative": ({"interval": -60}, "interval must be a positive number of seconds (got -60)"),
+    "bad-anchor": ({"interval": 60, "anchor_date": "monday"}, "interval schedule:"),
+    "bad-rrule": ({"rrule": "FREQ=FORTNIGHTLY"}, "rrule schedule: Value error, Invalid RRule string"),
+    "stray-key": ({"cron": "0 3 * * *", "day_of": 1}, "cron schedule: unknown key day_of"),
+}
+
+
+def _deployments(path, schedules: list, name: str = "nightly", **parameters) -> None:
+    path.write_text(yaml.safe_dump({"deployments": [{
+        "name": name, "entrypoint": "flows.build.rebuild_corpus",
+        "parameters": {"config": "configs/apartment_tour.yaml", **parameters},
+        "schedules": schedules, "work_pool": {"name": "vlcorpus"}}]}))
+
+
+@pytest.mark.parametrize("name", BAD_SCHEDULES)
+def test_a_schedule_deploy_cannot_read_is_one_line_and_exit_2(tmp_path, name):
+    schedule, why = BAD_SCHEDULES[name]
+    _deployments(tmp_path / "d.yaml", [schedule], name=name, root=str(tmp_path / "c"))
+    lines = _lines(_deploy("--file", str(tmp_path / "d.yaml")))
+    assert len(lines) == 2 and lines[0].startswith(f"{name}: ") and why in lines[0], lines
+    assert lines[1] == "(nothing registered)"
+
+
+@pytest.mark.slow
+def test_the_schedule_forms_of_prefect_yaml_register_as_written(tmp_path, prefect_server):
+    from prefect.client.orchestration import get_client
+
+    _deployments(tmp_path / "d.yaml", [
+        {"cron": "0 3 * * 1", "timezone": "Europe/Paris", "day_or": False},
+        {"interval": 86400, "anchor_date": "2026-01-01T02:30:00", "timezone": "UTC"},
+        {"rrule": "FREQ=WEEKLY;BYDAY=MO,TH;BYHOUR=4;BYMINUTE=0", "timezone": "America/New_York",
+         "active": False, "parameters": {"until": "discover"}},
+    ])
+    result = _deploy("--file", str(tmp_path / "d.yaml"), env={"PREFECT_API_URL": prefect_server,
+                                                              "VLCORPUS_ROOT": str(tmp_path / "corpora")})
+    assert result.returncode == 0, result.stderr
+    with get_client(sync_client=True) as client:
+        (deployment,) = client.read_deployments()
+    assert deployment.parameters == {"config": "configs/apartment_tour.yaml",
+                                     "root": str(tmp_path / "corpora" / "apartment_tour")}
+    cron, interval, rrule = sorted(deployment.schedules, key=lambda s: type(s.schedule).__name__)
+    assert (cron.schedule.cron, cron.schedule.timezone, cron.schedule.day_or) == ("0 3 * * 1", "Europe/Paris", False)
+    assert interval.schedule.interval.total_seconds() == 86400
+    assert interval.schedule.anchor_date.isoformat().startswith("2026-01-01T02:30:00")
+    assert rrule.schedule.rrule.endswith("FREQ=WEEKLY;BYDAY=MO,TH;BYHOUR=4;BYMINUTE=0")  # Prefect adds DTSTART
+    assert rrule.schedule.timezone == "America/New_York"
+    assert not rrule.active and rrule.parameters == {"until": "discover"}

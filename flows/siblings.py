@@ -1,0 +1,71 @@
+"""What a deployment's run settles with the runs around it, before it builds: a scheduled run
+missed while no worker was up steps aside for the newest one due, and a run that died holding
+the corpus root is marked Crashed by whoever takes the root over."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from uuid import UUID
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+    FlowRunFilterExpectedStartTime,
+    FlowRunFilterParentFlowRunId,
+)
+from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.sorting import FlowRunSort
+from prefect.states import Crashed
+
+from pipeline.rootlock import Holder
+
+_CANCELLED = "CANCELLED"
+
+
+def superseded(run: FlowRun) -> str | None:
+    """Why a scheduled ``run`` should not build: a later scheduled run of its deployment is due
+    too (runs queued while no worker was up); None when it is the newest due, or not scheduled.
+    Ad-hoc runs always build."""
+    if not run.auto_scheduled or run.deployment_id is None or run.expected_start_time is None:
+        return None
+    now = datetime.now(timezone.utc)
+    with get_client(sync_client=True) as client:
+        later = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                deployment_id=FlowRunFilterDeploymentId(any_=[run.deployment_id]),
+                expected_start_time=FlowRunFilterExpectedStartTime(after_=run.expected_start_time,
+                                                                   before_=now)),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=50)
+    newer = [other for other in later if other.id != run.id and other.auto_scheduled
+             and other.expected_start_time > run.expected_start_time
+             and (other.state is None or other.state.type.value != _CANCELLED)]
+    if not newer:
+        return None
+    newest = newer[0]
+    return (f"superseded: this run was due at {run.expected_start_time:%Y-%m-%d %H:%M:%S %Z}, and "
+            f"{newest.name!r}, due at {newest.expected_start_time:%Y-%m-%d %H:%M:%S %Z}, rebuilds the "
+            f"same corpus; runs of a schedule missed while no worker was up collapse to the newest")
+
+
+def mark_crashed(holder: Holder, reason: str, by: str) -> list[UUID]:
+    """Mark the flow run that held a root's lock, and its unfinished subflow runs, Crashed:
+    its process died with the lock (``reason``: the lock's evidence). Returns the runs marked."""
+    if not holder.run:
+        return []
+    message = (f"Crashed: its build's process died ({holder.describe()}: {reason}); "
+               f"the corpus root was taken over by {by}")
+    marked: list[UUID] = []
+    with get_client(sync_client=True) as client:
+        frontier = [UUID(holder.run)]
+        runs = [client.read_flow_run(frontier[0])]
+        while frontier:
+            children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)), limit=200)
+            runs += children
+            frontier = [child.id for child in children]
+        for run in runs:
+            if run.state is not None and not run.state.is_final():
+                client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+                marked.append(run.id)
+    return marked
