@@ -121,7 +121,7 @@ class Stack:
         """What a client of the stack sets: the same variables as on real machines."""
         return {
             "PREFECT_API_URL": self.api_url,
-            "VLCORPUS_DASK_ADDRESS": self.scheduler,
+            "VLCORPUS_DASK_ADDRESS": self.scheduler, "VLCORPUS_ROOT": self.root("corpora"),
             "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET,
             "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.store_url,
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

@@ -75,7 +75,8 @@ def deploy(
         for line in str(exc).splitlines():
             console.print(f"vlcorpus deploy: {line}", style="red", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    console.print(f"registered {len(ids)} deployments from {file}; workers run them in {directory}",
+    console.print(f"registered {len(ids)} deployment{'' if len(ids) == 1 else 's'} from {file}; "
+                  f"workers run them in {directory}",
                   highlight=False, soft_wrap=True)
 
 

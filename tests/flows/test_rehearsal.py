@@ -5,12 +5,14 @@ an S3 store on moto's server behind the counting proxy), `vlcorpus deploy`, `pre
 run rebuild_corpus/rebuild ... --watch` on an s3:// root, 24 videos in 4 partitions. The build
 completes, the corpus on S3 validates, featurize ran on the GPU worker only, the server's log
 holds no database error meanwhile; after `stack.py restart postgres` and `stack.py kill` of a Dask worker,
-the deployment runs again and changes nothing; `stack.py down` stops every part."""
+the deployment runs again and changes nothing; `stack.py down` stops every part. A schedule whose
+runs came due while the Prefect worker was down builds once, the newest run, when it is back."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import shutil
 import subprocess
 import sys
@@ -114,7 +116,7 @@ def test_a_deployment_builds_on_postgres_dask_and_s3(stack, tmp_path):
             "storage": {"keep_media": False},
             "execution": {"batch_size": 4, "partitions": 4, "gpu_resource": True},
         }))
-        deployed = _run([str(BIN / "vlcorpus"), "deploy"], env)
+        deployed = _run([str(BIN / "vlcorpus"), "deploy", "--name", "rebuild"], env)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         before = _store(stack)
         _rebuild(stack, config, root)
@@ -145,3 +147,55 @@ def _featurize_workers(root: str, env: dict[str, str]) -> set[str]:
     path = root.removeprefix("s3://")
     record = json.loads(fs.cat_file(sorted(fs.glob(f"{path}/runs/build/*.json"))[0]))
     return set(record["stages"]["featurize:resnet34"]["workers"])
+
+
+def test_scheduled_runs_missed_while_the_worker_was_down_collapse_to_the_newest(stack, tmp_path):
+    """An rrule schedule of four runs 6 s apart, all due while the Prefect worker is killed; the
+    worker restarted, the newest builds and the three others end Cancelled saying why."""
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    env = stack.env()
+    (tmp_path / "urls.txt").write_text("http://127.0.0.1:9/a.mp4\n")
+    config = tmp_path / "missed.yaml"
+    config.write_text(yaml.safe_dump({"name": "missed", "sources": [{"type": "list", "path": "urls.txt"}]}))
+    first = (datetime.now(timezone.utc) + timedelta(seconds=15)).replace(microsecond=0)
+    deployments = tmp_path / "scheduled.yaml"
+    deployments.write_text(yaml.safe_dump({"deployments": [{
+        "name": "missed", "entrypoint": "flows.build.rebuild_corpus",
+        "parameters": {"config": str(config), "until": "discover"},
+        "schedules": [{"rrule": f"DTSTART:{first:%Y%m%dT%H%M%SZ}\nRRULE:FREQ=SECONDLY;INTERVAL=6;COUNT=4",
+                       "timezone": "UTC"}],
+        "work_pool": {"name": "vlcorpus"}}]}))
+    _stack("kill", "prefect-worker", "--dir", stack.dir)
+    deployed = _run([str(BIN / "vlcorpus"), "deploy", "--file", str(deployments)], env)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        (deployment,) = [d for d in client.read_deployments() if d.name == "missed"]
+        # What the server's scheduler does within its minute: create the schedule's runs.
+        client.request("POST", "/deployments/{id}/schedule", path_params={"id": deployment.id}, json={})
+
+        def runs():
+            return client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                deployment_id=FlowRunFilterDeploymentId(any_=[deployment.id])))
+
+        assert len(runs()) == 4
+        wait_until = first + timedelta(seconds=3 * 6 + 5)
+        while datetime.now(timezone.utc) < wait_until:
+            time.sleep(1)
+        _stack("restart", "prefect-worker", "--dir", stack.dir)
+        deadline = time.monotonic() + 300
+        while not all(run.state.is_final() for run in (found := runs())):
+            assert time.monotonic() < deadline, ([(r.name, r.state_name) for r in found], _log(stack, "prefect-worker"))
+            time.sleep(2)
+    by_time = sorted(found, key=lambda run: run.expected_start_time)
+    assert [run.state_name for run in by_time] == ["Cancelled"] * 3 + ["Completed"], \
+        [(r.name, r.state_name, r.state.message) for r in by_time]
+    for run in by_time[:3]:
+        assert run.state.message.startswith("superseded: this run was due at"), run.state.message
+        assert repr(by_time[3].name) in run.state.message
+    server_log = (Path(stack.dir) / "logs" / "prefect-server.log").read_text()
+    assert "OperationalError" not in server_log and "database is locked" not in server_log

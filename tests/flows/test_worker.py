@@ -8,6 +8,8 @@ logged no error (with SQLAlchemy 2.1 it fails on every pass, and says so only th
 from __future__ import annotations
 
 import contextlib
+import http.server
+import json
 import os
 import re
 import shlex
@@ -16,13 +18,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
 
+import psutil
 import pytest
 import yaml
 
@@ -34,13 +38,15 @@ README = ROOT / "infra" / "README.md"
 ONE_MACHINE = [
     "prefect server start",
     "export PREFECT_API_URL=http://127.0.0.1:4200/api",
-    "vlcorpus deploy",
+    "vlcorpus deploy --name rebuild",
     "prefect worker start --pool vlcorpus",
     "prefect deployment run rebuild_corpus/rebuild -p config=configs/my.yaml",
     "prefect flow-run ls",
 ]
 ON_A_CLUSTER = ("prefect deployment run rebuild_corpus/rebuild -p config=configs/my.yaml "
                 "-p dask_address=tcp://HOST:8786")
+# infra/README.md's alert, as typed there.
+ALERTS = "python infra/alerts.py --webhook https://hooks.slack.com/services/T000/B000/XXXX"
 LISTINGS = ["prefect deployment ls", "prefect work-pool ls", "prefect flow-run ls", "prefect gcl ls"]
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
@@ -56,6 +62,7 @@ def test_readme_shows_the_commands_these_tests_run():
     blocks = _sh_blocks(README.read_text())
     assert blocks[0] == ONE_MACHINE
     assert any(ON_A_CLUSTER in block for block in blocks)
+    assert any(ALERTS in block for block in blocks)
 
 
 def _free_port() -> int:
@@ -73,6 +80,8 @@ class Stack:
     server_log: Path
     worker_log: Path
     config: Path
+    start_worker: Callable[[], subprocess.Popen]
+    worker: subprocess.Popen | None = None
 
     def run(self, command: str | list[str], timeout: float = 300) -> subprocess.CompletedProcess:
         argv = shlex.split(command) if isinstance(command, str) else command
@@ -158,18 +167,20 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
             config = base / "worker-test.yaml"
             config.write_text(yaml.safe_dump({
                 "name": "worker-test",
-                "sources": [{"type": "list", "path": str(urls)}],
+                # Beside the config: read there by a worker that runs in the repository.
+                "sources": [{"type": "list", "path": urls.name}],
                 "download": {"subtitle_langs": ["en", "en-auto"]},
                 "transcribe": {"prefer": ["manual", "auto"]},
                 "align": {"splits": {"train": 0.5, "val": 0.0, "test": 0.5}},
                 "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"}]},
                 "execution": {"n_workers": 1, "batch_size": 4, "retry_backoff_s": 0},
             }))
-            stack = Stack(api_url, env, server_log, worker_log, config)
+            stack = Stack(api_url, env, server_log, worker_log, config,
+                          start_worker=lambda: start(ONE_MACHINE[3], worker_log))
             deployed = stack.run(ONE_MACHINE[2])
             assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-            assert f"workers run them in {ROOT}" in deployed.stderr
-            start(ONE_MACHINE[3], worker_log)
+            assert f"registered 1 deployment from infra/prefect.yaml; workers run them in {ROOT}" in deployed.stderr
+            stack.worker = stack.start_worker()
             yield stack
     finally:
         for proc in reversed(procs):
@@ -285,9 +296,7 @@ def test_rebuild_runs_on_the_worker_then_resumes_with_nothing_redone(stack, tmp_
         assert result.returncode == 0, (command, result.stdout + result.stderr)
     assert "rebuild_corpus/rebuild" in listings["prefect deployment ls"].stdout
     assert "vlcorpus" in listings["prefect work-pool ls"].stdout
-    # Newest expected start first: the runs the scheduler queued for the weekly deployments.
     assert "rebuild_corpus" in listings["prefect flow-run ls"].stdout
-    assert "SCHEDULED" in listings["prefect flow-run ls"].stdout
     assert "vlcorpus-download" in listings["prefect gcl ls"].stdout
     assert stack.scheduler_errors() == []
 
@@ -355,15 +364,106 @@ def test_overlapping_builds_of_one_root_never_interleave(stack, tmp_path):
     assert any("lock taken after waiting" in m for m in _logs(run_id))
     assert Corpus(str(root)).done("videos")
 
-    # Two runs of one deployment: the second waits for the first's slot.
+    # Two runs of one deployment at once: the root lock keeps their builds apart too.
     root = tmp_path / "twice"
     ids = [stack.trigger(f"root={root}", "until=discover") for _ in range(2)]
     runs = [_wait_final(run_id, stack) for run_id in ids]
     for run in runs:
         _completed(run, stack)
-    with _client() as client:
-        states = [[state.name for state in client.read_flow_run_states(run.id)] for run in runs]
-    ordered = sorted(runs, key=lambda run: run.start_time)
-    assert ordered[0].end_time <= ordered[1].start_time, [(r.start_time, r.end_time) for r in runs]
-    assert any("AwaitingConcurrencySlot" in names for names in states), states
+    first, second = sorted(runs, key=lambda run: run.start_time)
+    if second.start_time < first.end_time:  # they overlapped: the later one waited for the lock
+        assert any("lock taken after waiting" in m for m in _logs(second.id)), _logs(second.id)
     assert stack.scheduler_errors() == []
+
+
+def _kill_tree(pids: list[int]) -> None:
+    """SIGKILL these processes and every process under them: a machine that lost power."""
+    victims = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process = psutil.Process(pid)
+            victims += [process, *process.children(recursive=True)]
+    for process in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(victims, timeout=30)
+
+
+def _flow_processes(run_id: UUID) -> list[int]:
+    """The processes running flow run ``run_id`` (the worker starts them with its id in the
+    environment)."""
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("PREFECT__FLOW_RUN_ID") == str(run_id):
+                found.append(process.pid)
+    return found
+
+
+@pytest.mark.slow
+def test_after_worker_and_build_are_killed_the_next_run_takes_the_root_and_marks_the_dead_run_crashed(stack, tmp_path):
+    root = tmp_path / "crash"
+    dead = stack.trigger(f"root={root}")
+    deadline = time.monotonic() + 300
+    while not (root / "_lock.json").exists() or not _flow_processes(dead):
+        assert time.monotonic() < deadline, stack.worker_log.read_text()[-4000:]
+        time.sleep(0.5)
+    _kill_tree([stack.worker.pid, *_flow_processes(dead)])
+    stack.worker = stack.start_worker()
+
+    started = time.monotonic()
+    after = _wait_final(stack.trigger(f"root={root}"), stack)
+    _completed(after, stack)
+    with _client() as client:
+        crashed = client.read_flow_run(dead)
+    assert crashed.state.type.value == "CRASHED", crashed.state
+    assert "its build's process died" in crashed.state.message
+    assert "its process is gone" in crashed.state.message
+    messages = _logs(after.id)
+    assert any("taking over the lock of flow run" in m and "its process is gone" in m for m in messages)
+    assert any(m.startswith("marked ") and " Crashed" in m for m in messages), messages
+    print(f"crash recovery: the next run completed {time.monotonic() - started:.0f} s after it was triggered")
+    checked = stack.run(f"vlcorpus validate {root}")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - the handler's name
+        length = int(self.headers.get("Content-Length", 0))
+        type(self).received.append(json.loads(self.rfile.read(length)))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_an_unhealthy_build_ends_failed_and_the_alert_of_infra_readme_posts_it(stack, tmp_path):
+    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{hook.server_port}/hook"
+        command = ALERTS.replace("https://hooks.slack.com/services/T000/B000/XXXX", url) + " --allow-private"
+        installed = stack.run([sys.executable, *shlex.split(command)[1:]])
+        assert installed.returncode == 0, installed.stdout + installed.stderr
+
+        config = tmp_path / "dead.yaml"
+        config.write_text(yaml.safe_dump({"name": "dead", "sources": [{"type": "list", "path": "gone.txt"}]}))
+        run_id = UUID(re.search(r"UUID: ([0-9a-f-]{36})", stack.run(
+            ["prefect", "deployment", "run", "rebuild_corpus/rebuild", "-p", f"config={config}",
+             "-p", f"root={tmp_path / 'root'}", "-p", "until=discover"]).stdout).group(1))
+        run = _wait_final(run_id, stack)
+        assert run.state.type.value == "FAILED", run.state
+        assert run.state.message.startswith(f"The build of {tmp_path / 'root'} is unhealthy: the sources "
+                                            f"listed 0 videos"), run.state.message
+        deadline = time.monotonic() + 120
+        while not _Hook.received:
+            assert time.monotonic() < deadline, stack.server_log.read_text()[-3000:]
+            time.sleep(1)
+    finally:
+        hook.shutdown()
+    text = _Hook.received[0]["text"]
+    assert f"vlcorpus: {run.name} (rebuild) ended Failed" in text and "is unhealthy" in text, text
