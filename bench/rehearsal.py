@@ -67,8 +67,7 @@ def deployments(config_path: Path) -> dict:
     return {"name": "vlcorpus-rehearsal", "deployments": [{
         "name": "rehearsal", "entrypoint": "flows.build.rebuild_corpus",
         "parameters": {"config": str(config_path)},
-        "work_pool": {"name": "vlcorpus", "work_queue_name": "default"},
-        "concurrency_limit": {"limit": 1, "collision_strategy": "ENQUEUE"}}]}
+        "work_pool": {"name": "vlcorpus", "work_queue_name": "default"}}]}
 
 
 def run(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.CompletedProcess:
@@ -179,11 +178,12 @@ def db_size(stack: Stack) -> int:
     return int(out.stdout.strip())
 
 
-def deployment_run(env: dict[str, str], root: str, log: Path) -> tuple[float, str]:
-    """`prefect deployment run` of the rehearsal, watched to its end: (seconds, final state)."""
+def deployment_run(env: dict[str, str], root: str, log: Path, timeout_s: float = 7200) -> tuple[float, str]:
+    """`prefect deployment run` of the rehearsal, watched to its end or for ``timeout_s`` (a run
+    whose process died stays Running until the next run takes its root over): (seconds, state)."""
     start = time.perf_counter()
     run([str(BIN / "prefect"), "deployment", "run", DEPLOYMENT, "-p", f"root={root}", "--watch",
-         "--watch-interval", "5"], env, log)
+         "--watch-interval", "5", "--watch-timeout", str(int(timeout_s))], env, log)
     state = flow_runs(env)[-1].state
     return time.perf_counter() - start, state.type.value if state else "UNKNOWN"
 
@@ -273,14 +273,16 @@ def main() -> None:
             clean = None
             if args.faults:  # a clean build of the same site first, to compare with
                 clean_root = stack.root(f"clean-{args.videos}")
-                _, clean_state = deployment_run(env, clean_root, log)
+                clean_s, clean_state = deployment_run(env, clean_root, log)
                 clean = fingerprint(clean_root, env)
             before = store_counts(stack)
             peaks.start()
             faults: list[str] = []
             if args.faults:
                 threading.Thread(target=inject, args=(stack, 60.0, faults), daemon=True).start()
-            wall, state = deployment_run(env, root, log)
+            # Under faults the first run may die with the Prefect worker: stop watching it once a
+            # clean build's time has passed twice over.
+            wall, state = deployment_run(env, root, log, 2 * clean_s + 120 if args.faults else 7200)
             runs = 1
             while args.faults and state != "COMPLETED" and runs < 4:
                 set_faults(stack, p500=0, p503=0, pslow=0)
@@ -319,6 +321,7 @@ def main() -> None:
             "site_s": round(site_s, 1), "stack_up_s": round(stack_s, 1),
         }
         if clean is not None:
+            result["clean_build"] = {"state": clean_state, "wall_s": round(clean_s, 1)}
             result["same_as_clean_build"] = not differ
             result["differ"] = differ[:20]
     finally:

@@ -188,9 +188,11 @@ def test_scheduled_runs_missed_while_the_worker_was_down_collapse_to_the_newest(
             time.sleep(1)
         _stack("restart", "prefect-worker", "--dir", stack.dir)
         deadline = time.monotonic() + 300
-        while not all(run.state.is_final() for run in (found := runs())):
+        found = runs()
+        while not all(run.state.is_final() for run in found):
             assert time.monotonic() < deadline, ([(r.name, r.state_name) for r in found], _log(stack, "prefect-worker"))
             time.sleep(2)
+            found = runs()
     by_time = sorted(found, key=lambda run: run.expected_start_time)
     assert [run.state_name for run in by_time] == ["Cancelled"] * 3 + ["Completed"], \
         [(r.name, r.state_name, r.state.message) for r in by_time]
