@@ -36,6 +36,7 @@ BIN = Path(sys.executable).parent
 README = ROOT / "infra" / "README.md"
 # infra/README.md's "On one machine" block, command by command.
 ONE_MACHINE = [
+    "prefect config set PREFECT_SERVER_ANALYTICS_ENABLED=false",
     "prefect server start",
     "export PREFECT_API_URL=http://127.0.0.1:4200/api",
     "vlcorpus deploy --name rebuild",
@@ -97,7 +98,7 @@ class Stack:
     def trigger(self, *parameters: str) -> UUID:
         """`prefect deployment run rebuild_corpus/rebuild -p config=...` plus ``parameters``;
         the flow run's id."""
-        command = shlex.split(ONE_MACHINE[4].replace("configs/my.yaml", str(self.config)))
+        command = shlex.split(ONE_MACHINE[5].replace("configs/my.yaml", str(self.config)))
         for parameter in parameters:
             command += ["-p", parameter]
         result = self.run(command)
@@ -137,9 +138,10 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
     _, site = demo_corpus
     base = tmp_path_factory.mktemp("worker")
     port = _free_port()
-    api_url = ONE_MACHINE[1].split("=", 1)[1].replace("4200", str(port))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(base / "prefect-home"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_API_PORT": str(port),
+    api_url = ONE_MACHINE[2].split("=", 1)[1].replace("4200", str(port))
+    # The telemetry setting comes from the profile that README's first command writes.
+    env = {**{k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_ANALYTICS_ENABLED"}, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(base / "prefect-home"),
+           "PREFECT_SERVER_API_PORT": str(port),
            "PREFECT_API_URL": api_url, "PREFECT_WORKER_QUERY_SECONDS": "2",
            # On two busy cores SQLite's write lock can be held past the default 10 s.
            "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
@@ -159,7 +161,11 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
         return proc
 
     try:
-        server = start(ONE_MACHINE[0], server_log)
+        # Into the profile under this PREFECT_HOME, as a user's goes into ~/.prefect.
+        configured = subprocess.run([str(BIN / "prefect"), *shlex.split(ONE_MACHINE[0])[1:]], env=env,
+                                    capture_output=True)
+        assert configured.returncode == 0, configured.stderr
+        server = start(ONE_MACHINE[1], server_log)
         _wait_up(api_url, server, server_log)
         with serve_demo(site):
             urls = base / "urls.txt"
@@ -176,8 +182,8 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
                 "execution": {"n_workers": 1, "batch_size": 4, "retry_backoff_s": 0},
             }))
             stack = Stack(api_url, env, server_log, worker_log, config,
-                          start_worker=lambda: start(ONE_MACHINE[3], worker_log))
-            deployed = stack.run(ONE_MACHINE[2])
+                          start_worker=lambda: start(ONE_MACHINE[4], worker_log))
+            deployed = stack.run(ONE_MACHINE[3])
             assert deployed.returncode == 0, deployed.stdout + deployed.stderr
             assert f"registered 1 deployment from infra/prefect.yaml; workers run them in {ROOT}" in deployed.stderr
             stack.worker = stack.start_worker()
@@ -299,6 +305,7 @@ def test_rebuild_runs_on_the_worker_then_resumes_with_nothing_redone(stack, tmp_
     assert "rebuild_corpus" in listings["prefect flow-run ls"].stdout
     assert "vlcorpus-download" in listings["prefect gcl ls"].stdout
     assert stack.scheduler_errors() == []
+    assert "telemetry" not in stack.server_log.read_text()  # README's profile setting holds
 
 
 @pytest.mark.slow
