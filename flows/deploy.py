@@ -100,8 +100,8 @@ def check_server() -> str:
 
 
 def _check(item: dict[str, Any], directory: Path) -> tuple[list[Schedule], dict[str, Any]]:
-    """What registering ``item`` needs, checked: its schedules, and its parameters with the
-    root it builds named (from the parameters, the config, or $VLCORPUS_ROOT when deployed).
+    """What registering ``item`` needs, checked: its schedules, and its parameters (a root taken
+    from $VLCORPUS_ROOT is written into them, so the worker needs no such variable).
     DeployError names the deployment and what is missing."""
     name = item["name"]
     try:
@@ -119,11 +119,13 @@ def _check(item: dict[str, Any], directory: Path) -> tuple[list[Schedule], dict[
     except ConfigError as exc:
         raise DeployError(f"{name}: config {config} is not valid: {'; '.join(exc.problems)}") from None
     try:
-        parameters["root"] = cfg.corpus_root(parameters.get("root"))
+        root = cfg.corpus_root(parameters.get("root"))
     except ValueError:
         raise DeployError(f"{name}: no corpus root: config {config} has no root and neither the "
                           f"deployment's parameters nor {ROOT_ENV} give one (set {ROOT_ENV}=/data/corpora "
                           f"or s3://bucket/corpora, or add root: to its parameters)") from None
+    if "root" not in parameters and cfg.root is None:  # from $VLCORPUS_ROOT: named where it runs
+        parameters["root"] = root
     for source in cfg.sources:
         path = getattr(source, "path", None)
         if path is not None and "://" not in path and not Path(path).exists():
