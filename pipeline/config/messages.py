@@ -12,6 +12,14 @@ from pipeline.config.model import Config
 from pipeline.config.problems import Problems
 from pipeline.config.sources import SOURCE_TYPES
 
+# Keys that earlier versions read, and where they went: a config written for one of those
+# versions is told where to write the value now (any key gone since the partitioned layout).
+MOVED = {
+    "shards.webdataset.samples_per_shard": "shards.samples_per_shard",
+    "shards.parquet.rows_per_file": "shards.samples_per_shard (one size for both formats)",
+}
+
+
 def _is_union(tp: Any) -> bool:
     return get_origin(tp) in (Union, UnionType)
 
@@ -107,7 +115,9 @@ def problem_lines(exc: ValidationError) -> list[str]:
             continue
         path, tp, parent, via_union = _walk(loc)
         show_input = kind not in ("missing", "extra_forbidden", "value_error")
-        if kind == "extra_forbidden":
+        if kind == "extra_forbidden" and ".".join(map(str, path)) in MOVED:
+            msg = f"this key moved to {MOVED['.'.join(map(str, path))]}; write the value there"
+        elif kind == "extra_forbidden":
             allowed = ", ".join(sorted(parent.model_fields)) if isinstance(parent, type) else "?"
             msg = f"unknown key; allowed keys: {allowed}"
         elif kind == "union_tag_invalid":

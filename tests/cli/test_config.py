@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
+from pipeline.config.messages import MOVED
 from pipeline.config import (
     SCHEMA_PATH,
     Config,
@@ -76,6 +77,19 @@ def test_typo_key_names_path_and_allowed_keys() -> None:
     assert message.startswith("t.yaml: 1 problem:")
     assert "download.formt: unknown key" in message
     assert "format" in message.split("allowed keys:")[1]
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_a_key_an_earlier_version_read_names_where_it_moved(old: str) -> None:
+    *section, key = old.split(".")
+    nested: dict = {key: 500}
+    for name in reversed(section):
+        nested = {name: nested}
+    message = problems(with_(**nested))
+    assert f"{old}: this key moved to shards.samples_per_shard" in message
+    assert "unknown key" not in message
+    section_name, key_name = MOVED[old].split(" ")[0].split(".")
+    assert parse_config(with_(**{section_name: {key_name: 500}})).shards.samples_per_shard == 500
 
 
 def test_typo_key_inside_source_lists_that_source_fields() -> None:
