@@ -68,6 +68,13 @@ def setup_logging(mode: LogFormat = "rich", level: int = logging.INFO) -> None:
 _terminal: Console | None = None
 
 
+def stdout_console() -> Console:
+    """A console for tables on stdout: at a terminal, its width; into a pipe or a file, wide
+    enough that rows stay whole instead of wrapping at 80 columns."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
 def terminal() -> Console:
     return _terminal or Console(stderr=True)
 

@@ -45,6 +45,7 @@ from pipeline import graph, partitions
 from pipeline.config import Config
 from pipeline.errors import ErrorKind
 from pipeline.runner import FINAL_KINDS, KeySets, Stage, StageContext, key_sets
+from pipeline.progress import stdout_console
 from pipeline.storage import Corpus
 
 # Final kinds first, then those a build tries again.
@@ -185,11 +186,11 @@ def _row(counts: dict[str, Any]) -> list[str]:
 def print_status(status: dict[str, Any], console: Console | None = None) -> None:
     """The figures as rich tables: the corpus, then (with --partitions) every partition that
     has something to do or failed."""
-    if console is None:
-        console = Console()
-        if not console.is_terminal:  # a pipe or a file: whole rows rather than 80 columns
-            console = Console(width=160)
-    table = _stage_table(f"{status['root']}: {status['partitions']} partitions")
+    console = console or stdout_console()
+    # The root on a line of its own: as a table title it would wrap at the table's width.
+    console.print(f"{status['root']}: {status['partitions']} partitions", soft_wrap=True,
+                  highlight=False, markup=False)
+    table = _stage_table("stages")
     for name, counts in status["stages"].items():
         table.add_row(name, *_row(counts))
     console.print(table)

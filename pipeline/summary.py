@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.progress import stdout_console
 from pipeline.storage import Corpus
 
 
@@ -30,8 +31,10 @@ def summarize(corpus: Corpus) -> dict[str, Any]:
 
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
-    console = console or Console()
-    rows = Table(title=f"corpus {summary['root']}")
+    console = console or stdout_console()
+    # The root on a line of its own: as a table title it would wrap at the table's width.
+    console.print(f"corpus {summary['root']}", soft_wrap=True, highlight=False, markup=False)
+    rows = Table(title="rows per table")
     rows.add_column("table")
     rows.add_column("rows", justify="right")
     for name, n in summary["tables"].items():

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from pipeline.config import Config, ConfigError, config_from_yaml, load_config
-from pipeline.progress import LogFormat, setup_logging
+from pipeline.progress import LogFormat, setup_logging, stdout_console
 from pipeline.storage import Corpus
 from pipeline.summary import print_summary
 
@@ -54,7 +54,7 @@ def _emit(summary: dict, mode: LogFormat) -> None:
     if mode == "json":
         print(json.dumps(summary, default=str))
         return
-    out = Console()
+    out = stdout_console()
     print_summary(summary, out)
     stages = summary.get("stages", {})
     for name, report in stages.items():
