@@ -8,13 +8,13 @@ partitions hold media. Then the shard listings, training and the report; with a 
 training, then a second partition pass (score, and shard for the clips that waited for their
 scores), then the report. With ``execution.pipelined: false`` it runs each stage's flow over
 the whole corpus in turn instead; a stage flow alone is ``vlcorpus build --stage NAME`` or a
-deployment entrypoint. The partition passes themselves are flows/partitions.py.
+deployment entrypoint. The partition passes themselves are flows/partition_passes.py.
 
 The flows only compose pipeline/. Tasks plan their own partition and return small reports;
 the tables are the results, so nothing large is held in Prefect. Task runs grow with
 partitions × stages, not with items. Downloads take slots of a global concurrency limit that
 holds across workers: Prefect's, shared by the builds on a Prefect server, or the Dask
-cluster's for a build on its own temporary server (flows/partitions.py, ``where_limits``).
+cluster's for a build on its own temporary server (flows/partition_passes.py, ``where_limits``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from prefect.states import Cancelled, Failed
 from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
 
-from flows.partitions import run_partitions
-from flows.progress import publish_summary
+from flows.partition_passes import run_partitions
+from flows.build_progress import publish_summary
 from flows.services import build_services
 from flows.siblings import mark_crashed, superseded
 

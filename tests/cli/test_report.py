@@ -37,7 +37,7 @@ def _build_record(corpus: Corpus, transcribed: StageReport, aligned: StageReport
     """runs/build records as a pipelined build writes them (StageTotals over partition task
     results): download as the demo corpus's run went, featurize as if two extractors ran."""
     from flows.build import record_run
-    from flows.partitions import StageTotals
+    from flows.partition_passes import StageTotals
 
     clips = aligned.rows
     stages = {  # stage: (its parts as a partition task reports them, start, seconds)
@@ -323,7 +323,7 @@ def test_page_renders_in_headless_chromium(reported, tmp_path):
 
 
 def _part(name: str, done: int, seconds: float) -> dict:
-    """A stage part's totals as a build records them (flows.partitions.StageTotals)."""
+    """A stage part's totals as a build records them (flows.partition_passes.StageTotals)."""
     return {**asdict(StageReport(name, items=done, ok=done, rows=done, total=done, todo=done)),
             "workers": ["w1"], "task_seconds": seconds, "wall_seconds": seconds, "partitions": 2}
 

@@ -21,7 +21,7 @@ from prefect.futures import PrefectFuture, as_completed
 from prefect_dask import DaskTaskRunner
 
 from flows.cluster_limits import cluster_backend
-from flows.progress import BuildProgress
+from flows.build_progress import BuildProgress
 from flows.services import on_temporary_server
 from flows.shared import PREFECT
 from pipeline import limits, retention

@@ -59,7 +59,7 @@ class BuildProgress:
                 0.0, key=f"stage-{name}", description=f"{name}: 0/{partitions} partitions")
 
     def finished(self, result: dict[str, Any]) -> None:
-        """A partition task's report (flows.partitions.partition_task)."""
+        """A partition task's report (flows.partition_passes.partition_task)."""
         stage = self.stages[result["stage"]]
         stage.done += 1
         for report in result["parts"].values():
