@@ -112,6 +112,7 @@ def _handler(media: bytes, stats: Stats, rng: random.Random,
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             host = self.headers.get("Host", "").rsplit(":", 1)[0]
+            self._host, self._counted = host, True
             with stats.lock:
                 stats.in_flight += 1
                 stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
@@ -129,15 +130,24 @@ def _handler(media: bytes, stats: Stats, rng: random.Random,
                 else:
                     self._answer(roll)
             finally:
+                self._answered()
+
+        def _answered(self) -> None:
+            """The request leaves the in-flight count once, before its answer goes out: a client
+            that has its answer may send its next request before this thread runs again, and
+            that request must not count as one more at once."""
+            if self._counted:
+                self._counted = False
                 with stats.lock:
                     stats.in_flight -= 1
-                    stats.in_flight_by_host[host] -= 1
+                    stats.in_flight_by_host[self._host] -= 1
 
         def _answer(self, roll: float) -> None:
             threading.Event().wait(delay_s)
             if roll < stats.pdrop:
                 with stats.lock:
                     stats.dropped += 1
+                self._answered()
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
             if roll < stats.pdrop + stats.p429:
@@ -190,6 +200,7 @@ def _handler(media: bytes, stats: Stats, rng: random.Random,
             self.send_header("Content-Length", str(len(body)))
             for key, value in (headers or {}).items():
                 self.send_header(key, value)
+            self._answered()
             self.end_headers()
             self.wfile.write(body)
 
