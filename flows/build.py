@@ -204,7 +204,8 @@ def run_build(
     stage: str | None = None,
 ) -> dict[str, Any]:
     """Entry point for the CLI and tests: ``build_corpus``, or the flow of one ``stage`` alone,
-    on the chosen Dask task runner; returns the corpus summary with the stages' reports."""
+    on the chosen Dask task runner; returns the corpus summary with the stages' reports and
+    the build's health (the config's health section)."""
     cfg = resolve_config(config)
     chosen = cfg.corpus_root(root)
     # Before the cluster or any download: what the stages need is there.
