@@ -123,7 +123,7 @@ _WHAT = {
     "parquet": "one row per clip: the clip (`clip_id`, `video_id`, `start_s`, `end_s`, `text`, "
                "`source`, `policy`, `segment_index`, `candidates`; `score` when the corpus scores "
                "its clips) and, per feature extractor, its float16 values flattened (`<extractor>`) "
-               "and their shape (`<extractor>_shape`). Files: `split=<split>/part-<partition>-<n>.parquet`.",
+               "and their shape (`<extractor>_shape`). Files: `split=<split>/<split>-<partition>-<n>.parquet`.",
     "webdataset": "one sample per clip, keyed by `clip_id`: `json` (the clip row, with its `score` "
                   "when the corpus scores its clips), `txt` (its sentence), `<extractor>.npy` "
                   "(float16 features, `[T, D]` or `[D]`) and `mp4` when the corpus keeps clip media "

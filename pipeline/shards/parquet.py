@@ -1,6 +1,9 @@
 """Parquet shards: clips joined with their features (and their score, when the shards carry
 one), partitioned by split (hive layout:
-``shards/parquet/split=train/part-<partition>-<number>.parquet``), row groups sized for readers.
+``shards/parquet/split=train/train-<partition>-<number>.parquet``), row groups sized for readers.
+The split is in the file name too: ``datasets.load_dataset("parquet", data_dir=...)`` finds
+splits by file name, not by ``split=`` folders (corpora written before are renamed by
+``pipeline.shards.renames``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ FOLDER = "shards/parquet"
 
 
 def part_name(split: str, partition: str, number: int) -> str:
-    return f"split={split}/part-{partition}-{number:06d}.parquet"
+    return f"split={split}/{split}-{partition}-{number:06d}.parquet"
 
 
 def _rows(batch: list[Sample], keys: list[str]) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ from pipeline.setup import require_binaries
 from pipeline.shards.card import write_cards
 from pipeline.shards.index import PartitionIndex, ShardEntry, refresh_listings
 from pipeline.shards.parquet import part_name, write_part
+from pipeline.shards.renames import rename_old_parts
 from pipeline.shards.samples import Sample, batch_samples, feature_tables
 from pipeline.shards.webdataset import encode, record_bytes, tar_name, write_tar
 from pipeline.storage import Corpus
@@ -249,8 +250,11 @@ def write_shards(ctx: StageContext, partitions: list[str] | None = None) -> dict
 
 def listing_report(corpus: Corpus, cfg: Config, written: int) -> dict[str, Any]:
     """Refresh the listings of the partitions whose shards changed, and each format's dataset
-    card (README.md) from them; per enabled format, its shard and sample counts."""
+    card (README.md) from them; per enabled format, its shard and sample counts. Parquet shards
+    of an older corpus get their current names first (``pipeline.shards.renames``)."""
     listings = refresh_listings(corpus)
+    if rename_old_parts(corpus, listings["parquet"]):
+        listings = refresh_listings(corpus)
     write_cards(corpus, cfg.name, listings)
     enabled = {"webdataset": cfg.shards.webdataset.enabled, "parquet": cfg.shards.parquet.enabled}
     return {fmt: {"written": written, "shards": len(entries), "samples": sum(e["count"] for e in entries)}

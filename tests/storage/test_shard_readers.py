@@ -1,6 +1,7 @@
 """Shards that load as they are: Hugging Face ``datasets`` (through the dataset card of each
-shard folder) and DuckDB read a real small corpus's shards and tables, with the snippets of
-README.md (run as written there, on this corpus's root)."""
+shard folder, and every other way its documentation shows for local Parquet and WebDataset
+files), DuckDB, Dask and PyTorch read a real small corpus's shards and tables, with the Python
+blocks of docs/outputs.md (run as written there, on this corpus's root)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from schemas.tables import shard_schema
 datasets = pytest.importorskip("datasets")
 duckdb = pytest.importorskip("duckdb")
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-DEMO_ROOT = "demo-corpus/corpus"  # the root README's snippets name
+OUTPUTS = Path(__file__).resolve().parents[2] / "docs" / "outputs.md"
+DEMO_ROOT = "demo-corpus/corpus"  # the root the page's snippets name
 FEATURES = {"resnet34": (8, False), "text_minilm": (6, True)}  # name: (dim, pooled)
 
 
@@ -111,19 +112,21 @@ def _by_split(corpus: Corpus) -> dict[str, set[str]]:
     return out
 
 
-def readme_snippet() -> str:
-    """The README's Python block that loads shards with datasets and DuckDB."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    found = [b for b in blocks if "datasets.load_dataset(" in b and "duckdb.sql(" in b]
-    assert len(found) == 1, "README.md has one block of datasets and DuckDB snippets"
-    return found[0]
+def docs_snippets() -> list[str]:
+    """The Python blocks of docs/outputs.md, in page order (later ones use what earlier ones
+    loaded)."""
+    blocks = re.findall(r"```python\n(.*?)```", OUTPUTS.read_text(encoding="utf-8"), flags=re.S)
+    assert any("datasets.load_dataset(" in b for b in blocks) and any("duckdb.sql(" in b for b in blocks)
+    return blocks
 
 
 @pytest.fixture(scope="module")
-def readme(corpus, offline) -> dict:
-    """What README's snippets give on this corpus (its root in place of the demo's)."""
+def snippets(corpus, offline) -> dict:
+    """What the page's snippets give on this corpus (its root in place of the demo's)."""
+    pytest.importorskip("torch")
     namespace: dict = {}
-    exec(readme_snippet().replace(DEMO_ROOT, corpus.root), namespace)  # noqa: S102
+    for block in docs_snippets():
+        exec(block.replace(DEMO_ROOT, corpus.root), namespace)  # noqa: S102
     return namespace
 
 
@@ -152,8 +155,8 @@ def test_cards_name_the_splits_there_are_and_the_columns(corpus):
         assert re.search(rf"^\| {split} \| {counts[split]} \| \d+ \| \d+ \|$", body, flags=re.M)
 
 
-def test_datasets_loads_the_parquet_shards_by_split(corpus, readme):
-    splits = readme["splits"]
+def test_datasets_loads_the_parquet_shards_by_split(corpus, snippets):
+    splits = snippets["splits"]
     by_split = _by_split(corpus)
     assert isinstance(splits, datasets.DatasetDict)
     assert list(splits) == ["train", "val", "test"]
@@ -168,10 +171,10 @@ def test_datasets_loads_the_parquet_shards_by_split(corpus, readme):
     assert len(row["resnet34"]) == int(np.prod(row["resnet34_shape"]))
 
 
-def test_datasets_loads_the_webdataset_shards_by_split(corpus, readme):
+def test_datasets_loads_the_webdataset_shards_by_split(corpus, snippets):
     by_split = _by_split(corpus)
     clips = _clips(corpus)
-    tars = readme["tars"]
+    tars = snippets["tars"]
     assert list(tars) == ["train", "val", "test"]
     for split, clip_ids in by_split.items():
         assert tars[split].num_rows == len(clip_ids)
@@ -186,17 +189,109 @@ def test_datasets_loads_the_webdataset_shards_by_split(corpus, readme):
             assert np.asarray(sample["resnet34.npy"]).ndim == 2
     assert any(c["candidates"] for c in clips.values() if c["split"] == "train")
 
-    test = readme["test"]
+    test = snippets["test"]
     assert list(test) == ["test"] and set(test["test"]["__key__"]) == by_split["test"]
     assert {"json", "txt", "resnet34.npy", "text_minilm.npy", "__key__"} <= set(test["test"].column_names)
 
 
-def test_duckdb_counts_shards_and_tables(corpus, readme):
+def test_duckdb_counts_shards_and_tables(corpus, snippets):
     by_split = _by_split(corpus)
-    assert dict(readme["per_split"]) == {s: len(c) for s, c in by_split.items()}
+    assert dict(snippets["per_split"]) == {s: len(c) for s, c in by_split.items()}
     clips = _clips(corpus)
     german = sum(1 for c in clips.values() if c["video_id"] == "demo-v003")
-    assert dict(readme["per_lang"]) == {"en": len(clips) - german, "de": german}
+    assert dict(snippets["per_lang"]) == {"en": len(clips) - german, "de": german}
+
+
+# datasets names a split by the keyword in the file names: "val" files make "validation".
+HF_SPLIT = {"train": "train", "val": "validation", "test": "test"}
+
+
+def _keys(dataset, key: str) -> set[str]:
+    return {row[key] for row in dataset}
+
+
+def test_datasets_loads_the_shards_every_documented_way(corpus, snippets):
+    """data_dir (Parquet; WebDataset streamed, or typed by the card's features) and data_files,
+    as docs/outputs.md shows them: each split holds its clips and no other's."""
+    by_split = _by_split(corpus)
+    columns = shard_schema(list(FEATURES)).names
+    by_name, typed, streamed = snippets["by_name"], snippets["typed"], snippets["streamed"]
+    assert sorted(by_name) == sorted(typed) == sorted(streamed) == sorted(HF_SPLIT[s] for s in by_split)
+    for split, clip_ids in by_split.items():
+        assert by_name[HF_SPLIT[split]].column_names == columns
+        assert _keys(by_name[HF_SPLIT[split]], "clip_id") == clip_ids
+        assert _keys(typed[HF_SPLIT[split]], "__key__") == clip_ids
+        assert _keys(streamed[HF_SPLIT[split]], "__key__") == clip_ids
+    clips = _clips(corpus)
+    for sample in typed["train"]:
+        assert sample["json"]["candidates"] == clips[sample["__key__"]]["candidates"]
+    assert _keys(snippets["train"], "clip_id") == by_split["train"]
+
+
+def test_vlcorpus_dask_and_pytorch_read_the_shards(corpus, snippets):
+    """The page's pyarrow, open_webdataset/open_parquet, Dask and DataLoader snippets."""
+    assert snippets["videos"].num_rows == len(SPLITS)
+    assert snippets["table"].num_rows == len(_clips(corpus))
+    assert sorted(snippets["frame"]["split"].unique().compute()) == sorted(_by_split(corpus))
+    batch = next(iter(snippets["loader"]))
+    assert 0 < len(batch) <= 32 and {"clip_id", "resnet34"} <= set(batch[0])
+
+
+def test_datasets_types_uniform_webdataset_shards_without_a_card(tmp_path, offline):
+    """Where the first samples type every field (no clip has candidates here), data_dir needs
+    no features, streamed or not; the folder form streams too."""
+    corpus = _build(tmp_path / "c", {"demo-v000": "train", "demo-v002": "test", "demo-v003": "val"})
+    by_split = _by_split(corpus)
+    folder = corpus.path("shards", "webdataset")
+    loaded = datasets.load_dataset("webdataset", data_dir=folder)
+    assert {s: _keys(loaded[HF_SPLIT[s]], "__key__") for s in by_split} == by_split
+    streamed = datasets.load_dataset(corpus.path("shards", "parquet"), streaming=True)
+    assert {s: _keys(streamed[s], "clip_id") for s in by_split} == by_split
+
+
+def _old_part_name(split: str, partition: str, number: int) -> str:
+    return f"split={split}/part-{partition}-{number:06d}.parquet"
+
+
+def _number(path: Path) -> str:
+    """A Parquet shard's split folder, partition and number, whichever its name's prefix."""
+    return f"{path.parent.name}/{path.name.split('-', 1)[1]}"
+
+
+def test_a_build_renames_parquet_shards_of_earlier_versions(tmp_path, offline, monkeypatch):
+    """Shards named before the split was in their file name (which data_dir needs) are renamed
+    by the next build, in the partition index and the listing too, bytes unchanged; one a killed
+    build renamed without recording it is found under its new name."""
+    from pipeline.shards import stage
+    from pipeline.shards.index import PartitionIndex, load_listing
+    from pipeline.shards.verify import check_shards
+
+    with monkeypatch.context() as patch:  # as an earlier version wrote them
+        patch.setattr(stage, "part_name", _old_part_name)
+        patch.setattr(stage, "rename_old_parts", lambda corpus, entries: [])
+        corpus = _build(tmp_path / "c", {"demo-v000": "train", "demo-v002": "test", "demo-v003": "val"})
+    folder = Path(corpus.path("shards", "parquet"))
+    old = sorted(folder.glob("split=*/part-*.parquet"))
+    assert old and all(e["name"].split("/")[1].startswith("part-") for e in load_listing(corpus, "parquet"))
+    digests = {_number(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in old}
+    # A kill after a file's rename and before its index was saved.
+    first = old[0]
+    first.rename(first.with_name(first.name.replace("part-", f"{first.parent.name[6:]}-")))
+
+    _add_videos(corpus, {"demo-v001": "train"}, {})
+    write_shards(context(corpus, _config()))
+
+    assert not list(folder.glob("split=*/part-*"))
+    names = [e["name"] for e in load_listing(corpus, "parquet")]
+    assert names and all(n.split("/")[1].startswith(n.split("/")[0][6:] + "-") for n in names)
+    for label in corpus.labels():
+        for entry in PartitionIndex.load(corpus, label).shards:
+            assert entry.files["parquet"].name.split("/")[1].startswith(f"{entry.split}-")
+    assert check_shards(corpus, corpus.labels()) == []
+    renamed = {_number(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.glob("split=*/*.parquet")}
+    assert digests.items() <= renamed.items()
+    loaded = datasets.load_dataset("parquet", data_dir=str(folder))
+    assert {s: _keys(loaded[HF_SPLIT[s]], "clip_id") for s in _by_split(corpus)} == _by_split(corpus)
 
 
 def test_a_card_follows_its_listing(tmp_path, offline):
@@ -226,7 +321,7 @@ def test_a_card_follows_its_listing(tmp_path, offline):
 
     # A shard the listing does not have yet (a build writing shards): its clips are not mixed in.
     part = next(card.parent.glob("split=train/*.parquet"))
-    shutil.copy(part, part.with_name("part-00009-000000.parquet"))
+    shutil.copy(part, part.with_name("train-00009-000000.parquet"))
     with pytest.raises(datasets.exceptions.NonMatchingSplitsSizesError):
         datasets.load_dataset(folder, cache_dir=str(tmp_path / "fresh-cache"))
 
