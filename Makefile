@@ -1,4 +1,5 @@
-# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+# Two commands set everything up on a fresh machine: `make demo` and `make test`;
+# `make docs` builds the documentation site into site/.
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -6,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_ROOT ?= demo-corpus
 PYTEST_ARGS ?=
 
-.PHONY: demo test system venv schema clean
+.PHONY: demo test docs system venv schema clean
 
 # Debian packages, only when a binary is missing (needs root or sudo); chromium checks the
 # HTML report in the tests, PostgreSQL is the Prefect server's database in the production
@@ -36,8 +37,13 @@ demo: venv
 test: venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# --strict: a broken link or a missing page fails the build. Material's notice about its
+# successor is not for the users of this site.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 schema: venv
 	$(VENV)/bin/vlcorpus schema --write
 
 clean:
-	rm -rf $(VENV) $(DEMO_ROOT) .pytest_cache
+	rm -rf $(VENV) $(DEMO_ROOT) .pytest_cache site

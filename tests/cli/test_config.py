@@ -252,10 +252,9 @@ def test_extractor_names_that_store_alike_are_refused():
                       "features": {"extractors": [{"name": "text:MiniLM"}, {"name": "text:minilm"}]}})
 
 
-def test_readme_example_of_downloading_at_scale_loads() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Downloading from YouTube at scale", 1)[1]
-    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+def test_docs_example_of_downloading_at_scale_loads() -> None:
+    page = (ROOT / "docs" / "youtube.md").read_text(encoding="utf-8")
+    block = page.split("```yaml\n", 1)[1].split("```", 1)[0]
     cfg = parse_config(yaml.safe_load(block))
     assert cfg.download.preset == "sleep" and len(cfg.download.proxies) == 2
     assert cfg.download.rate_limit == 50 and cfg.download.extractor_args

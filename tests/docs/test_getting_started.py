@@ -1,0 +1,100 @@
+"""docs/getting-started.md as a newcomer follows it: every command of its shell blocks runs as
+written, in page order, in a folder with the repository's configs and virtualenv, and the
+files it shows (``title="..."``) are written as shown. Two things differ, each where the page
+could not be followed offline or in a few minutes: ``make demo`` runs the command its recipe
+runs with 3 videos instead of 12 (tests/flows/test_demo_build.py covers the demo itself), and
+the YouTube ids and URL template of the own-corpus section point at the demo's site on
+127.0.0.1 instead. ``make test`` is the suite this test is part of: only its recipe is checked."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import require_binaries
+from docskit import DOCS, ROOT, code_blocks, commands
+
+from pipeline.align import split_for
+from pipeline.demo.model import DemoSite
+from pipeline.demo.serve import serve_demo
+from pipeline.discover.rows import id_for_url
+from pipeline.ids import video_id
+
+pytestmark = pytest.mark.slow
+
+PAGE = DOCS / "getting-started.md"
+YOUTUBE = "https://www.youtube.com/watch?v={id}"
+DEMO_VIDEOS = 3
+
+
+def _recipe(target: str) -> list[str]:
+    """What ``make TARGET`` would run (make -n: nothing runs, not even the install)."""
+    shown = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout.splitlines()
+
+
+def _demo_port() -> int:
+    """A free port on which two of the demo's videos fall in its train split and one in test
+    (page URLs are part of their ids, and so of the split): what training needs at least."""
+    splits = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["align"]["splits"]
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        urls = [f"http://127.0.0.1:{port}/pages/tour-{i}.html" for i in range(DEMO_VIDEOS)]
+        found = sorted(split_for(video_id(*id_for_url(u)), splits) for u in urls)
+        if found == ["test", "train", "train"]:
+            return port
+
+
+def _run(command: str, cwd: Path, env: dict[str, str]) -> None:
+    done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def test_every_getting_started_command_runs_as_written(tmp_path):
+    require_binaries("ffmpeg", "ffprobe", "espeak-ng")
+    work = tmp_path / "repo"
+    work.mkdir()
+    shutil.copytree(ROOT / "configs", work / "configs")
+    (work / ".venv").symlink_to(ROOT / ".venv")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "hf-cache")}
+    ran: list[str] = []
+    site: dict[str, str] = {}  # the stand-in for YouTube, once the demo made it
+    with ExitStack() as stack:
+        for block in code_blocks(PAGE):
+            if block.title:
+                text = block.text.replace(YOUTUBE, site["template"])
+                if block.title.endswith(".txt"):  # the ids
+                    text = "".join(f"{v}\n" for v in site["ids"].split())
+                (work / block.title).write_text(text)
+                continue
+            if block.language == "python":
+                _run(f".venv/bin/python - <<'PY'\n{block.text}PY", work, env)
+                ran.append(block.text)
+            if block.language != "sh":
+                continue
+            for command in commands(block):
+                ran.append(command)
+                if command == "make test":
+                    assert any("pytest" in line for line in _recipe("test"))
+                elif command == "make demo":
+                    [demo] = [line for line in _recipe("demo") if " demo --root " in line]
+                    _run(f"{demo} --videos {DEMO_VIDEOS} --port {_demo_port()} --quiet", work, env)
+                    pages = work / "demo-corpus" / "site"
+                    site["template"] = stack.enter_context(serve_demo(pages)) + "pages/{id}.html"
+                    site["ids"] = " ".join(v.id for v in DemoSite.load(pages).videos)
+                else:
+                    _run(command, work, env)
+    assert {"make demo", "make test", ".venv/bin/vlcorpus build my_tours.yaml"} <= set(ran)
+    assert (work / "demo-corpus" / "corpus" / "train" / "wal" / "metrics.json").exists()
+    assert list((work / "my_tours-corpus" / "shards" / "parquet").glob("split=*/*.parquet"))
