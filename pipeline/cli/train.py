@@ -13,7 +13,7 @@ from pipeline.errors import SetupError
 
 Device = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
 Pairs = Annotated[str | None, typer.Option(help="An external pairs file (parquet) instead of "
-                                                 "the corpus's features; see README.")]
+                                                 "the corpus's features; its columns: docs/training.md.")]
 Shards = Annotated[str | None, typer.Option(help="Read features from shards (a WebDataset or "
                                                   "Parquet shard folder) instead of the tables.")]
 EvalOn = Annotated[str, typer.Option("--eval-on", help="test: the test split (an error when there is "
