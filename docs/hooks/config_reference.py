@@ -77,7 +77,7 @@ def _type(node: Schema, defs: _Defs) -> str:
         bounds.append(f"at least {node['minLength']} characters")
     if "pattern" in node:
         bounds.append(f"matching `{node['pattern']}`")
-    return " ".join([kind, *bounds]) if not bounds else f"{kind} {', '.join(bounds)}"
+    return f"{kind} {', '.join(bounds)}" if bounds else kind
 
 
 def _default(node: Schema, required: bool) -> str:
