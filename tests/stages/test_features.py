@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 import torchvision
 from conftest import require_binaries
+from hubkit import COMMIT, cache_model, hub_env, unreachable_hub
 
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
@@ -300,6 +302,35 @@ def test_missing_text_model_is_a_clear_error(tmp_path) -> None:
         _text("text:no-such-org/no-such-model")
     with pytest.raises(WeightsError, match=re.escape(str(tmp_path / "absent"))):
         _text(f"text:{tmp_path / 'absent'}")
+
+
+_LOAD_TEXT = """
+import sys
+from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
+from pipeline.features import build_extractor
+from pipeline.errors import SetupError
+for name in sys.argv[1:]:
+    try:
+        print(build_extractor(ExtractorConfig(name=name), FramesConfig(), FeaturesConfig(device="cpu")).weights_id)
+    except SetupError as exc:
+        print(exc)
+"""
+
+
+def test_a_text_model_id_is_looked_up_in_the_cache_without_the_network(tmp_path, minilm) -> None:
+    """transformers asks the Hub for its request headers even for a cache-only load: a model id
+    is found on disk first, so neither a missing model nor a cached one waits on the network."""
+    hf_home = tmp_path / "hf"
+    cache_model(hf_home, "some-org/minilm", minilm)
+    with unreachable_hub() as hub:
+        result = subprocess.run([sys.executable, "-c", _LOAD_TEXT, "text:some-org/minilm", "text:some-org/absent"],
+                                env=hub_env(hf_home, hub), capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert hub.connections == 0
+    cached, missing = result.stdout.strip().splitlines()
+    assert cached == f"hf:some-org/minilm@{COMMIT[:12]}"
+    assert missing.startswith(f"text:some-org/absent: no local copy of the Hugging Face model 'some-org/absent' "
+                              f"(looked in the cache {hf_home / 'hub'}; not in it)")
 
 
 # ---------------------------------------------------------------- preprocessing
