@@ -5,10 +5,15 @@ one ``SetupError`` line that says what to do, instead of tracebacks after hours 
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from pipeline.errors import SetupError
+
+if TYPE_CHECKING:
+    from pipeline.storage import Corpus
 
 # Package -> the extra that brings it (pyproject.toml's optional dependencies); torch comes
 # with both [features] and [train], and a caller that needs it for training says so.
@@ -41,3 +46,44 @@ def check_stages(cfg: object, parts: Iterable[object]) -> None:
         check = getattr(part, "check", None)
         if check is not None:
             check(cfg)
+
+
+def stage_problems(cfg: object, parts: Iterable[object]) -> list[str]:
+    """What ``check_stages`` would stop at, and every problem after it: one line each, the
+    build's own, once (two extractors missing the same package say it once)."""
+    problems: list[str] = []
+    for part in parts:
+        try:
+            check_stages(cfg, [part])
+        except SetupError as exc:
+            if str(exc) not in problems:
+                problems.append(str(exc))
+    return problems
+
+
+def root_problem(corpus: Corpus) -> str | None:
+    """Why a build could not write its corpus, found without writing: a local root exists as a
+    folder or can be created (its nearest existing parent is a writable folder); on an object
+    store the root's bucket can be listed (credentials, endpoint, the bucket itself)."""
+    if corpus.is_local:
+        return _local_root_problem(corpus.url, corpus.root)
+    try:
+        if corpus.fs.root_marker == "":  # an object store: roots live in buckets
+            corpus.fs.ls(corpus.root.strip("/").split("/", 1)[0])
+        else:
+            corpus.fs.exists(corpus.root)
+    except Exception as exc:  # noqa: BLE001 - missing bucket, credentials, endpoint: all unreachable
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"corpus root {corpus.url} is not reachable: {type(exc).__name__}: {first}"
+    return None
+
+
+def _local_root_problem(url: str, path: str) -> str | None:
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"corpus root {url} cannot be created: {existing} is a file"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"corpus root {url} cannot be written: {existing} is not writable by this user"
+    return None
