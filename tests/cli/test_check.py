@@ -1,0 +1,210 @@
+"""`vlcorpus check CONFIG`: what a build checks before any work and what it would do, without a
+build and without writing. Every starter of `vlcorpus init` passes once what it names is there
+(its list file, its models in the caches a user fills), and as written it says what is missing,
+one line each, without waiting on a Hub it cannot reach."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import stagekit
+from hubkit import cache_model, hub_env, unreachable_hub
+from pipeline.starter import STYLES
+from pipeline.storage import Corpus
+
+TSM_FILE = "TSM_kinetics_RGB_resnet50_shift8_blockres_avg_segment8_e50.pth"
+# What each starter names beside it (its comments say to put them there).
+LISTS = {"apartment-tour": ("tours.txt", "https://www.youtube.com/watch?v=dQw4w9WgXcQ\n"),
+         "spoken-moments": ("moments.csv", "url,start,end\nhttps://www.youtube.com/watch?v=dQw4w9WgXcQ,3,6\n")}
+
+
+def vlcorpus(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
+                          timeout=300, env=env or dict(os.environ))
+
+
+def listing(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under ``folder`` with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+def zero_state(build: Callable[[], object], prefix: str = "") -> dict:
+    """A state dict of the model ``build`` makes, zeros: the right keys and shapes, quickly."""
+    import torch
+
+    with torch.device("meta"):
+        model = build()
+    return {prefix + k: torch.zeros(v.shape, dtype=v.dtype) for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """The models the starters name, put where a user puts them: torchvision's weights in the
+    torch cache, the Whisper model `small` in the Hugging Face cache (the tests' tiny.en under
+    its name), a TSM checkpoint file."""
+    import torch
+    import torchvision
+    from speech import tiny_model_path
+
+    from pipeline.features.tsm import parse_settings, tsm_resnet50
+    from pipeline.features.weights import cache_path
+
+    folder = tmp_path_factory.mktemp("models")
+    torch_home = folder / "torch"
+    for weights, build in ((torchvision.models.ResNet34_Weights.DEFAULT, torchvision.models.resnet34),
+                           (torchvision.models.ResNet152_Weights.DEFAULT, torchvision.models.resnet152),
+                           (torchvision.models.video.S3D_Weights.DEFAULT, torchvision.models.video.s3d)):
+        name = Path(cache_path(weights)).name
+        path = torch_home / "hub" / "checkpoints" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(zero_state(build), path)
+    hf_home = folder / "hf"
+    cache_model(hf_home, "Systran/faster-whisper-small", tiny_model_path())
+    tsm = folder / TSM_FILE
+    state = zero_state(lambda: tsm_resnet50(parse_settings(TSM_FILE), 8), prefix="module.base_model.")
+    torch.save({"state_dict": state}, tsm)
+    return {"torch_home": torch_home, "hf_home": hf_home, "tsm": tsm}
+
+
+def starter(style: str, folder: Path) -> Path:
+    name = f"my_{style.replace('-', '_')}"
+    result = vlcorpus("init", name, "--style", style, "--out", str(folder))
+    assert result.returncode == 0, result.stderr
+    return folder / f"{name}.yaml"
+
+
+def provide(style: str, config: Path, models: dict[str, Path]) -> None:
+    """What the starter's comments ask for beside it: its list, the TSM checkpoint."""
+    if style in LISTS:
+        name, text = LISTS[style]
+        (config.parent / name).write_text(text)
+    if style == "spoken-moments":
+        (config.parent / "models").mkdir()
+        (config.parent / "models" / TSM_FILE).symlink_to(models["tsm"])
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_every_starter_passes_once_what_it_names_is_there(tmp_path, models, style):
+    config = starter(style, tmp_path / "configs")
+    provide(style, config, models)
+    before = listing(tmp_path), listing(models["hf_home"]), listing(models["torch_home"])
+    with unreachable_hub() as hub:
+        env = hub_env(models["hf_home"], hub, TORCH_HOME=str(models["torch_home"]))
+        result = vlcorpus("check", str(config), env=env)
+        assert hub.connections == 0
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-1] == f"a build could start: vlcorpus build {config}"
+    assert f"root: {tmp_path / 'configs' / 'corpora' / config.stem}" in lines  # beside the config
+    assert [line.split()[0] for line in lines[3:-2]] == ["discover", "download", "transcribe", "align",
+                                                         "featurize", "shard", "train", "score", "report"]
+    assert "warning" not in result.stdout and not result.stderr.strip()
+    # Nothing written: no root, no logs, nothing in the caches.
+    assert (listing(tmp_path), listing(models["hf_home"]), listing(models["torch_home"])) == before
+
+
+def test_a_starter_as_written_says_what_is_missing_without_the_network(tmp_path, models):
+    """Empty caches and a Hub that cannot be reached: one line per missing model, at once
+    (offline, the Whisper model's refusal took 19 s of connection retries)."""
+    config = starter("spoken-moments", tmp_path)
+    empty = tmp_path / "empty"
+    with unreachable_hub() as hub:
+        result = vlcorpus("check", str(config), env=hub_env(empty / "hf", hub, TORCH_HOME=str(empty / "torch")))
+        assert hub.connections == 0
+    assert result.returncode == 2
+    whisper, resnet, tsm = result.stderr.strip().splitlines()
+    assert whisper.startswith("faster-whisper model 'small' is neither a local directory nor in the local "
+                              f"Hugging Face cache ({empty / 'hf' / 'hub'})")
+    assert "`hf download Systran/faster-whisper-small`" in whisper
+    assert resnet.startswith(f"resnet152: ResNet152_Weights.IMAGENET1K_V2 is not in the local cache: {empty / 'torch'}")
+    assert tsm.startswith(f"tsm_r50: weight file {tmp_path / 'models' / TSM_FILE} does not exist")
+    assert f"warning: sources[0] (moments): {tmp_path / 'moments.csv'} does not exist" in result.stdout
+    assert not (tmp_path / "corpora").exists() and not empty.exists()
+
+
+SUBTITLES_ONLY = "sources:\n  - type: urls\n    urls: [http://127.0.0.1:9/x]\ntranscribe:\n  prefer: [manual, auto]\n"
+
+
+def test_an_existing_root_says_what_is_left_and_stays_as_it_was(tmp_path):
+    root = tmp_path / "corpus"
+    stagekit.make_videos(Corpus(str(root)), 10, partitions=2)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"name: c\nroot: corpus\n{SUBTITLES_ONLY}")
+    before = listing(tmp_path)
+    result = vlcorpus("check", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert (plan["root"], plan["ready"], plan["problems"]) == (str(root), True, [])
+    assert plan["partitions"] == {"count": 2, "from": "ROOT/_corpus.json"}
+    stages = {s["name"]: s for s in plan["stages"]}
+    assert list(stages) == ["discover", "download", "transcribe", "align", "featurize", "shard", "train",
+                            "score", "report"]
+    assert stages["download"]["todo"]["download"] == {"table": "downloads", "upstream": 10, "done": 0,
+                                                      "failed": {}, "final": 0, "todo": 10}
+    assert stages["discover"]["todo"] is None and stages["transcribe"]["settings"] == {"prefer": "manual > auto"}
+    assert stages["train"]["skipped"] == "no train section"
+    assert listing(tmp_path) == before
+    # A partition count other than the root's: the build's own refusal.
+    config.write_text(config.read_text() + "execution:\n  partitions: 4\n")
+    result = vlcorpus("check", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"{root} has 2 partitions and the config asks for 4: set "
+                                     f"execution.partitions to 2 (or leave it unset), or build into a new root")
+
+
+def test_a_root_that_cannot_be_created_is_one_line(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"name: c\n{SUBTITLES_ONLY}")
+    (tmp_path / "taken").write_text("a file where the root's parent would be")
+    result = vlcorpus("check", str(config), "--root", str(tmp_path / "taken" / "corpus"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"corpus root {tmp_path / 'taken' / 'corpus'} cannot be created: "
+                                     f"{tmp_path / 'taken'} is a file")
+    # No root anywhere: the build's message; $VLCORPUS_ROOT/<name> is one.
+    result = vlcorpus("check", str(config), env={**os.environ, "VLCORPUS_ROOT": ""})
+    assert result.returncode == 2 and "config 'c' has no corpus root" in result.stderr
+    result = vlcorpus("check", str(config), env={**os.environ, "VLCORPUS_ROOT": str(tmp_path / "all")})
+    assert result.returncode == 0, result.stderr
+    assert f"root: {tmp_path / 'all' / 'c'}" in result.stdout.splitlines()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "taken"]
+
+
+def test_a_config_error_is_the_builds(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text(f"name: bad\nroot: r\n{SUBTITLES_ONLY}download:\n  formt: best\n")
+    checked, built = vlcorpus("check", str(config)), vlcorpus("build", str(config))
+    assert checked.returncode == built.returncode == 2
+    assert "download.formt: unknown key" in checked.stderr and checked.stderr == built.stderr
+
+
+def test_an_s3_root_is_listed_not_written(tmp_path):
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    import s3fs
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        endpoint = "http://{}:{}".format(*server.get_host_and_port())
+        env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
+               "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+        fs = s3fs.S3FileSystem(endpoint_url=endpoint, key="test", secret="test")
+        fs.mkdir("corpora")
+        config = tmp_path / "c.yaml"
+        config.write_text(f"name: c\n{SUBTITLES_ONLY}")
+        result = vlcorpus("check", str(config), "--root", "s3://corpora/c", env=env)
+        assert result.returncode == 0, result.stderr
+        fs.invalidate_cache()
+        assert fs.ls("corpora") == []
+        result = vlcorpus("check", str(config), "--root", "s3://no-such-bucket/c", env=env)
+        assert result.returncode == 2
+        assert result.stderr.strip().startswith("corpus root s3://no-such-bucket/c is not reachable: ")
+    finally:
+        server.stop()
