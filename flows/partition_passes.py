@@ -179,7 +179,10 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
                     left[partition] = len(stage_names)
                 if not waiting:
                     break
-                finished = next(as_completed(list(waiting)))
+                first = next(as_completed(list(waiting)))
+                # Of the tasks done by now, the first submitted: a partition's stages report
+                # in chain order even when they end together.
+                finished = next(f for f in waiting if f is first or f.wrapped_future.done())
                 partition = waiting.pop(finished)
                 count = len(results)
                 collect(finished)
