@@ -1,81 +1,30 @@
 """What a build runs on when nothing is given: Prefect's temporary local server and a local Dask
-cluster, started side by side (each takes seconds; one after the other they doubled a small
-build's fixed cost).
+cluster, started side by side (one after the other they doubled a small build's fixed cost).
 
-The server's address is chosen before either starts and put in the environment, so the Dask
-worker processes inherit it and report to that server instead of starting servers of their
-own; the workers import the flows while the server comes up.
+The server's address is chosen before either starts and given to the Dask worker processes,
+so that they report to that server instead of starting servers of their own; the workers come
+from a fork server of the build's (flows/fork_server.py) while the server comes up.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
-from prefect.settings import PREFECT_API_URL, temporary_settings
+from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+from flows.fork_server import WORKER_START, fork_server
+from flows.temporary_server import TemporaryServer
 from pipeline.config import Config
 
-# Worker processes import these when they start, not when the first task arrives.
-PRELOAD = ["flows.build"]
-
-
-# Seconds the temporary server may take to come up: Prefect's default (20) fails builds on a
-# busy machine, where importing the server and migrating its database take longer.
-SERVER_STARTUP_S = 120
-
-
-class TemporaryServer:
-    """Prefect's temporary local server, run the way Prefect runs it (uvicorn on the server's
-    app factory, ephemeral mode, no UI) but started without importing the server into this
-    process: that import alone took about 3 s of a small build's start, on the same core as
-    the build's own imports. ``wait()`` returns once it answers its health check."""
-
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or _free_port()
-        self.api_url = f"http://127.0.0.1:{self.port}/api"
-        package = importlib.util.find_spec("prefect").submodule_search_locations[0]
-        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-               "PREFECT__SERVER_FINAL": "1",
-               # The server would otherwise try to reach Prefect's telemetry endpoint.
-               "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED", "false")}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", os.path.dirname(package), "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "error", "--lifespan", "on"], env=env)
-
-    def wait(self, timeout_s: float = SERVER_STARTUP_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            # OSError: not listening yet; look again below, unless it died or took too long.
-            with suppress(OSError), \
-                    urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-            if self.process.poll() is not None:
-                raise RuntimeError(f"Prefect's temporary server exited with code {self.process.returncode}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"Prefect's temporary server did not answer within {timeout_s:.0f} s")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+# Worker processes import the flows when they start (from the fork server, which has), not
+# when the first task arrives.
+PRELOAD = [WORKER_START]
 
 
 def start_server(port: int | None = None) -> TemporaryServer:
@@ -92,31 +41,27 @@ def drain() -> None:
     EventsWorker.drain_all()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 # The temporary servers this process runs, innermost last: builds inside the block that
 # started one use it (the CLI starts it before it imports the flows, so the two overlap).
 _servers: list[TemporaryServer] = []
 
 
 @contextmanager
-def prefect_server() -> Iterator[Callable[[], None]]:
-    """Prefect's temporary server when no API is configured, starting; yields a function that
-    waits until it is up (call it before the first API call)."""
-    if _servers:
-        yield _servers[-1].wait
+def prefect_server(early: TemporaryServer | None = None) -> Iterator[Callable[[], None]]:
+    """Prefect's temporary server when no API is configured, starting (``early``, one the
+    caller started before it could import Prefect, or a new one); yields a function that waits
+    until it is up (call it before the first API call)."""
+    if _servers or PREFECT_API_URL.value():
+        if early is not None:
+            early.stop()
+        yield _servers[-1].wait if _servers else lambda: None
         return
-    if PREFECT_API_URL.value():
-        yield lambda: None
-        return
-    server = TemporaryServer()
+    server = early or TemporaryServer()
     _servers.append(server)
     try:
-        with use_api(server.api_url):
+        # No flow-run heartbeats: nothing reads them once the server is gone with the build,
+        # and their thread kept each flow's end waiting up to a second.
+        with use_api(server.api_url), temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             yield server.wait
     finally:
         _servers.pop()
@@ -157,6 +102,17 @@ def cluster_address(cfg: Config, dask_address: str | None = None) -> str | None:
 
 
 @contextmanager
+def local_workers(cfg: Config, root: str, dask_address: str | None = None) -> Iterator[None]:
+    """The fork server of a local cluster's worker processes, when the build will start one
+    (none on a given cluster, or for an in-memory root, whose workers are threads)."""
+    if cluster_address(cfg, dask_address) is None and not root.startswith("memory://"):
+        with fork_server():
+            yield
+    else:
+        yield
+
+
+@contextmanager
 def build_services(cfg: Config, root: str, dask_address: str | None = None) -> Iterator[str]:
     """A Prefect API and a Dask cluster for a build; yields the scheduler's address."""
     with ExitStack() as stack:
@@ -168,10 +124,14 @@ def build_services(cfg: Config, root: str, dask_address: str | None = None) -> I
             # An in-memory root is only visible inside this process: threads, not processes.
             processes = not root.startswith("memory://")
             _no_dashboard_claim()
+            # Workers see this process's environment as it is now (the server's address among
+            # it), as spawned ones would: the fork server they come from may be older.
+            workers = {"preload": PRELOAD, "env": dict(os.environ)} if processes else {}
+            stack.enter_context(local_workers(cfg, root, dask_address))
             cluster = stack.enter_context(LocalCluster(
                 n_workers=cfg.execution.n_workers or 2,
                 threads_per_worker=cfg.execution.threads_per_worker, processes=processes,
-                dashboard_address=None, **({"preload": PRELOAD} if processes else {})))
+                dashboard_address=None, **workers))
             address = cluster.scheduler_address
         server_up()
         yield address

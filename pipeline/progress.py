@@ -79,6 +79,19 @@ def terminal() -> Console:
     return _terminal or Console(stderr=True)
 
 
+def _as_new_process() -> None:
+    """A forked process (a local cluster's worker) logs as a new process would: to its
+    standard error (a build's log file), not to the terminal of the process it came from."""
+    global _mode, _terminal
+    _mode, _terminal = "rich", None
+    log.handlers[:] = []
+    log.setLevel(logging.NOTSET)
+    log.propagate = True
+
+
+os.register_at_fork(after_in_child=_as_new_process)
+
+
 @contextmanager
 def logs_to_file(path: Path) -> Iterator[Path]:
     """Standard error of this process and of every process it starts (Prefect's server and

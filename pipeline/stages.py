@@ -13,9 +13,9 @@ from typing import Any
 
 from pipeline import align, discover, download, featurize, retention, scoring, transcribe
 from pipeline.config import Config
-from pipeline.graph import check_name
+from pipeline.graph import check_name, stages_until
 from pipeline.runner import RetryPolicy, Stage, StageContext, Step, run_stage, run_step
-from pipeline.setup import require_package
+from pipeline.setup import check_stages, require_package
 from pipeline.shards.stage import make_stage as shard_stage
 from pipeline.shards.stage import write_shards
 from pipeline.storage import Corpus
@@ -54,6 +54,13 @@ def _train_check(cfg: Config) -> None:
 
 def parts(name: str, cfg: Config) -> list[Stage | Step]:
     return BUILT[check_name(name)](cfg)
+
+
+def check_build(cfg: Config, until: str | None = None, stage: str | None = None) -> None:
+    """What the stages a build runs need (extras, models, weights, binaries), checked before
+    any work: the first problem raises a SetupError that says what to do."""
+    names = [stage] if stage else stages_until(until)
+    check_stages(cfg, [part for name in names for part in parts(name, cfg)])
 
 
 def run_local(name: str, ctx: StageContext) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""``python -m pipeline.cli``: the same app as the ``vlcorpus`` script."""
+"""``python -m pipeline.cli``: the same as the ``vlcorpus`` script."""
 
-from pipeline.cli import app
+from pipeline.launch import main
 
-app()
+main()

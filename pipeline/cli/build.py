@@ -50,6 +50,10 @@ def build(
     verbose: Verbose = False,
 ) -> None:
     """Run the pipeline for CONFIG, resuming whatever an earlier run left."""
+    from flows.temporary_server import early_server
+
+    # First thing: starting the server is the longest part of a build's set-up.
+    server = early_server()
     mode = _logging(quiet, json_logs)
     try:
         cfg = load_config(config)
@@ -59,23 +63,42 @@ def build(
                 check_name(name)
         if until is not None and stage is not None:
             raise ValueError("--until and --stage exclude each other")
-    except (ConfigError, ValueError) as exc:
+        # What the stages need, before Prefect is imported: a refusal comes in a second.
+        from pipeline.stages import check_build
+
+        check_build(cfg, until, stage)
+    except (ConfigError, ValueError, SetupError) as exc:
+        if server is not None:
+            server.stop()
         _error(exc)
         raise typer.Exit(2) from None
-    # Prefect is imported only when a build runs; its temporary server starts while the flows
-    # are imported.
-    from flows.services import prefect_server
+    from flows.services import local_workers, prefect_server
 
     try:
-        with _build_output(mode, verbose, cfg.corpus_root(root)), prefect_server():
+        with _build_output(mode, verbose, cfg.corpus_root(root)), prefect_server(server):
             from flows.build import run_build
 
-            summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
-                                retry_failed=retry_failed, stage=stage)
+            # Now, while this process is single-threaded with the flows imported: its workers'
+            # fork server can be a fork of it.
+            with local_workers(cfg, cfg.corpus_root(root), dask_address):
+                summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
+                                    retry_failed=retry_failed, stage=stage)
     except (SetupError, LayoutError) as exc:
         _error(exc)
         raise typer.Exit(2) from None
+    _time_setup(summary)
     _finish(summary, mode)
+
+
+def _time_setup(summary: dict) -> None:
+    """The command's seconds before the build's work began (imports, Prefect's server, the Dask
+    cluster, the flow run) and of the work, beside the work's own start and end."""
+    from pipeline.launch import STARTED_AT
+
+    timing = summary.get("timing")
+    if timing:
+        timing["setup_s"] = round(timing["work_started_at"] - STARTED_AT, 2)
+        timing["work_s"] = round(timing["work_ended_at"] - timing["work_started_at"], 2)
 
 
 def _finish(summary: dict, mode: LogFormat) -> None:

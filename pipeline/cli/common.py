@@ -56,6 +56,10 @@ def _emit(summary: dict, mode: LogFormat) -> None:
         return
     out = stdout_console()
     print_summary(summary, out)
+    timing = summary.get("timing", {})
+    if "setup_s" in timing:
+        out.print(f"time: {timing['setup_s']:.1f} s to start (Prefect server, Dask cluster), "
+                  f"{timing['work_s']:.1f} s of work", highlight=False)
     stages = summary.get("stages", {})
     for name, report in stages.items():
         if isinstance(report, dict) and report.get("stopped"):

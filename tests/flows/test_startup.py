@@ -1,0 +1,114 @@
+"""A build's own start and end, as a user runs `vlcorpus build`: it reports its set-up time
+apart from its work, and whatever way it ends (done, refused, SIGKILLed), none of the processes
+it started (Prefect's temporary server, the workers' fork server, the Dask workers) outlives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT, require_binaries
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """Two narrated demo videos with captions, served on 127.0.0.1, and their URL list."""
+    require_binaries("ffmpeg", "ffprobe", "espeak-ng")
+    from pipeline.demo import make_demo_media, serve_demo
+
+    folder = tmp_path_factory.mktemp("site")
+    make_demo_media(folder, n_videos=2, seed=1, quiet=True)
+    with serve_demo(folder):
+        yield folder / "urls.txt"
+
+
+def _config(tmp_path: Path, urls: Path, extra: str = "") -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: startup\nroot: corpus\nsources:\n  - {{type: list, path: {urls}}}\n"
+                    "download: {subtitle_langs: [en], rate_limit: null, per_host: null}\n"
+                    f"transcribe: {{prefer: [manual]}}\n{extra}")
+    return path
+
+
+def _start(config: Path, mark: str, *args: str) -> subprocess.Popen:
+    """`vlcorpus build CONFIG` as a user types it, its every process carrying ``mark`` in its
+    environment."""
+    return subprocess.Popen([str(Path(sys.executable).with_name("vlcorpus")), "build", str(config), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=config.parent,
+                            env={**os.environ, "VLCORPUS_TEST_MARK": mark})
+
+
+def _marked(mark: str) -> list[str]:
+    """The live processes with ``mark`` in their environment: what a build left behind."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if process.info["status"] != psutil.STATUS_ZOMBIE and \
+                    process.environ().get("VLCORPUS_TEST_MARK") == mark:
+                found.append(f"{process.info['pid']}: {' '.join(process.info['cmdline'] or [])[:120]}")
+        except psutil.Error:
+            continue
+    return found
+
+
+def _none_left(mark: str, within_s: float) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while (left := _marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_a_build_reports_its_setup_apart_from_its_work_and_leaves_no_process(tmp_path, site):
+    mark = uuid.uuid4().hex
+    build = _start(_config(tmp_path, site), mark, "--json")
+    out, err = build.communicate(timeout=300)
+    assert build.returncode == 0, err[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    timing = summary["timing"]
+    assert timing["work_started_at"] < timing["work_ended_at"]
+    assert timing["setup_s"] > 0 and timing["work_s"] > 0
+    assert summary["tables"]["clips"] > 0
+    assert _none_left(mark, within_s=5) == []
+
+
+def test_a_build_killed_outright_leaves_no_process(tmp_path, site):
+    mark = uuid.uuid4().hex
+    build = _start(_config(tmp_path, site), mark)
+    deadline = time.monotonic() + 120
+    # Killed once its server and workers are up: the root's first table is discover's.
+    while not (tmp_path / "corpus" / "videos").exists() and build.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert build.poll() is None, build.stderr.read()[-3000:]
+    build.send_signal(signal.SIGKILL)
+    build.wait()
+    # The server looks for its parent once a second; workers and the fork server see their
+    # pipes close.
+    assert _none_left(mark, within_s=15) == []
+
+
+def test_a_refused_build_starts_nothing_and_writes_nothing(tmp_path):
+    mark = uuid.uuid4().hex
+    config = _config(tmp_path, tmp_path / "urls.txt", "features:\n  extractors:\n"
+                     "    - {name: resnet34, weights: /nowhere/resnet34.pth}\n")
+    build = _start(config, mark)
+    out, err = build.communicate(timeout=120)
+    assert build.returncode == 2
+    assert "/nowhere/resnet34.pth" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "corpus").exists()
+    assert _none_left(mark, within_s=5) == []
+
+
+def test_the_module_entry_point_is_the_script(tmp_path):
+    """`python -m pipeline.cli` runs what the `vlcorpus` script runs, exit codes included."""
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "build", str(tmp_path / "none.yaml")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 2 and "does not exist" in done.stderr
