@@ -119,6 +119,7 @@ def build_services(cfg: Config, root: str, dask_address: str | None = None) -> I
         server_up = stack.enter_context(prefect_server())
         address = cluster_address(cfg, dask_address)
         if address is None:
+            import dask
             from distributed import LocalCluster
 
             # An in-memory root is only visible inside this process: threads, not processes.
@@ -128,6 +129,9 @@ def build_services(cfg: Config, root: str, dask_address: str | None = None) -> I
             # it), as spawned ones would: the fork server they come from may be older.
             workers = {"preload": PRELOAD, "env": dict(os.environ)} if processes else {}
             stack.enter_context(local_workers(cfg, root, dask_address))
+            # Dask's statistical profiler samples every worker thread 100 times a second, for a
+            # dashboard the local cluster does not start.
+            stack.enter_context(dask.config.set({"distributed.worker.profile.enabled": False}))
             cluster = stack.enter_context(LocalCluster(
                 n_workers=cfg.execution.n_workers or 2,
                 threads_per_worker=cfg.execution.threads_per_worker, processes=processes,

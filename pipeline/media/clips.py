@@ -23,6 +23,13 @@ from pipeline.media.process import run_ffmpeg
 # cuts of one video share a process by groups of this many clips (by start time) to bound memory.
 EXACT_CLIPS_PER_PROCESS = 16
 
+# Audio an exact cut copies (into MP4) instead of encoding it again: an AAC encode of every
+# clip's sound was an eighth of the CPU of cutting web video. A copied track starts and ends on
+# a packet of the source (an AAC packet is 1024 samples: 23 ms at 44.1 kHz), which may run past
+# the clip's last frame by up to COPIED_AUDIO_SLACK_S.
+COPY_AUDIO_CODECS = frozenset({"aac", "mp3", "ac3", "eac3", "alac"})
+COPIED_AUDIO_SLACK_S = 0.1
+
 
 @dataclass(frozen=True)
 class ClipCut:
@@ -55,9 +62,11 @@ def cut_videos(videos: Sequence[tuple[str, Sequence[ClipCut]]], precision: Liter
     one-minute 480p videos cut two at a time took 35.7 CPU-s so, 39.5 with ffmpeg's own thread
     count). ``timeout_s`` is per process.
 
-    ``exact`` re-encodes (``codec``, veryfast, yuv420p, faststart) and is frame-accurate: the
-    output lasts the requested time within one frame; ``height`` scales keeping the aspect
-    (even width) and ``fps`` resamples. ``copy`` copies the streams without re-encoding, so a
+    ``exact`` re-encodes the video (``codec``, veryfast, yuv420p, faststart) and is
+    frame-accurate: the video lasts the requested time within one frame; ``height`` scales
+    keeping the aspect (even width) and ``fps`` resamples. Its audio is copied when MP4 takes
+    the source's codec (``COPY_AUDIO_CODECS``; to the packet, which may run past the last frame
+    by ``COPIED_AUDIO_SLACK_S`` at most), else encoded again (to the sample). ``copy`` copies the streams without re-encoding, so a
     clip starts at the last keyframe at or before its start (up to one GOP early), may end a
     few frames late (B-frame reordering), and ``height``/``fps``/``codec`` do not apply.
     ``audio`` keeps the first audio track when there is one. Outputs appear under their names
@@ -89,7 +98,8 @@ def cut_videos(videos: Sequence[tuple[str, Sequence[ClipCut]]], precision: Liter
         runs = list(pool.map(lambda job: run_ffmpeg(job.args, timeout_s), jobs))
     for job, run in zip(jobs, runs):
         error = run.reason if run.failed else ""
-        results |= {cut.key: _keep_output(cut, job.want_s[cut.key], job.frame_s, precision == "exact", error)
+        results |= {cut.key: _keep_output(cut, job.want_s[cut.key], job.frame_s, job.slack_s,
+                                          precision == "exact", error)
                     for cut in job.cuts}
     return {cut.key: results[cut.key] for cut in every}
 
@@ -102,6 +112,7 @@ class _Job:
     args: list[str]
     want_s: dict[str, float]
     frame_s: float
+    slack_s: float  # how much longer than wanted an exact output may be
 
     @property
     def seconds(self) -> float:
@@ -112,6 +123,7 @@ def _jobs(path: str, cuts: Sequence[ClipCut], info: MediaInfo, precision: str, h
           fps: float | None, codec: str, with_audio: bool, per_run: int, threads: int | None) -> list[_Job]:
     for cut in cuts:
         os.makedirs(os.path.dirname(cut.out_path) or ".", exist_ok=True)
+    copy_audio = with_audio and precision == "exact" and info.audio_codec in COPY_AUDIO_CODECS
     if precision == "copy":
         starts = dict(zip([cut.key for cut in cuts], _copy_starts(path, [cut.start_s for cut in cuts])))
         source = ffmpeg.input(path)
@@ -122,11 +134,13 @@ def _jobs(path: str, cuts: Sequence[ClipCut], info: MediaInfo, precision: str, h
         # Runs of near-equal length: 17 clips go as 9 + 8, not 16 + 1.
         count = math.ceil(len(by_start) / per_run)
         bounds = [round(i * len(by_start) / count) for i in range(count + 1)]
-        groups = [(group, _exact_outputs(path, group, height, fps, codec, with_audio, threads))
+        groups = [(group, _exact_outputs(path, group, height, fps, codec, with_audio, copy_audio, threads))
                   for group in (by_start[a:b] for a, b in zip(bounds, bounds[1:]))]
     frame_s = 1 / ((fps if precision == "exact" else None) or info.fps or 25)
+    slack_s = max(frame_s, COPIED_AUDIO_SLACK_S) if copy_audio else frame_s
     return [_Job(group, ffmpeg.merge_outputs(*outputs).get_args(),
-                 {cut.key: min(cut.end_s, info.duration_s) - max(starts[cut.key], 0) for cut in group}, frame_s)
+                 {cut.key: min(cut.end_s, info.duration_s) - max(starts[cut.key], 0) for cut in group},
+                 frame_s, slack_s)
             for group, outputs in groups]
 
 
@@ -181,14 +195,17 @@ def _copy_output(source: ffmpeg.nodes.FilterableStream, cut: ClipCut, start: flo
 
 
 def _exact_outputs(path: str, cuts: Sequence[ClipCut], height: int | None, fps: float | None,
-                   codec: str, with_audio: bool, threads: int | None) -> list[ffmpeg.nodes.OutputStream]:
+                   codec: str, with_audio: bool, copy_audio: bool,
+                   threads: int | None) -> list[ffmpeg.nodes.OutputStream]:
     # One decode feeds every clip: split the stream, trim each branch, restart its clock. The
     # input is entered (frame-accurately) at the first clip: time 0 of the graph is that start.
+    # Copied audio comes from an input of its own per clip, entered at the clip's start (at the
+    # packet that holds it) and cut at its length.
     origin = min(cut.start_s for cut in cuts)
     threaded = {"threads": threads} if threads else {}  # None: ffmpeg's own choice
     source = ffmpeg.input(path, ss=f"{origin:.6f}", **threaded)
     videos = source["v:0"].split()
-    audios = source["a:0"].asplit() if with_audio else None
+    audios = source["a:0"].asplit() if with_audio and not copy_audio else None
     encoder = {"vcodec": codec, "pix_fmt": "yuv420p", "movflags": "+faststart", **threaded}
     if codec in ("libx264", "libx265"):
         encoder["preset"] = "veryfast"
@@ -201,6 +218,11 @@ def _exact_outputs(path: str, cuts: Sequence[ClipCut], height: int | None, fps: 
         # Even sizes for yuv420p; -2 keeps the aspect with an even width.
         video = video.filter("scale", -2, height) if height else video.filter(
             "scale", "trunc(iw/2)*2", "trunc(ih/2)*2")
+        if copy_audio:
+            sound = ffmpeg.input(path, ss=f"{cut.start_s:.6f}")["a:0"]
+            outputs.append(ffmpeg.output(video, sound, _part_path(cut.out_path), t=f"{end - start:.6f}",
+                                         acodec="copy", **encoder))
+            continue
         streams = [video]
         if audios is not None:
             streams.append(audios[i].filter("atrim", start=start, end=end)
@@ -219,7 +241,7 @@ def _duration(path: str) -> float:
         raise BadInputError(f"unreadable output: {exc}") from None
 
 
-def _keep_output(cut: ClipCut, want_s: float, frame_s: float, exact: bool,
+def _keep_output(cut: ClipCut, want_s: float, frame_s: float, slack_s: float, exact: bool,
                  ffmpeg_error: str) -> str | BadInputError:
     """Rename a whole output into place; a missing or wrongly long one is bad input."""
     part = _part_path(cut.out_path)
@@ -230,7 +252,7 @@ def _keep_output(cut: ClipCut, want_s: float, frame_s: float, exact: bool,
     else:
         # Exact cuts last the request within a frame; copies may start up to a GOP early.
         short = got < want_s - frame_s - TIME_EPS
-        if not short and not (exact and got > want_s + frame_s + TIME_EPS):
+        if not short and not (exact and got > want_s + slack_s + TIME_EPS):
             os.replace(part, cut.out_path)
             return cut.out_path
         problem = f"output lasts {got:.3f}s, wanted {want_s:.3f}s" + (f" ({ffmpeg_error})" if ffmpeg_error else "")

@@ -19,6 +19,7 @@ class MediaInfo:
     width: int | None = None
     height: int | None = None
     fps: float | None = None
+    audio_codec: str | None = None  # the first audio stream's, as FFmpeg names it ("aac")
 
 
 def _rate(rate: Fraction | None) -> float | None:
@@ -35,7 +36,7 @@ def probe(path: str) -> MediaInfo:
         with av.open(path) as container:
             video = next((s for s in container.streams.video
                           if not s.disposition & av.stream.Disposition.attached_pic), None)
-            has_audio = bool(container.streams.audio)
+            audio = container.streams.audio[0] if container.streams.audio else None
             duration = (container.duration or 0) / 1e6
     except (av.FFmpegError, OSError) as exc:
         # The reason without the path: messages never carry local paths.
@@ -43,10 +44,11 @@ def probe(path: str) -> MediaInfo:
     return MediaInfo(
         duration_s=duration if duration == duration else 0.0,  # NaN counts as unknown
         has_video=video is not None,
-        has_audio=has_audio,
+        has_audio=audio is not None,
         width=video.codec_context.width or None if video else None,
         height=video.codec_context.height or None if video else None,
         fps=_rate(video.average_rate or video.guessed_rate) if video else None,
+        audio_codec=audio.codec_context.name if audio else None,
     )
 
 
