@@ -137,6 +137,15 @@ _SLEEPS = {"sleep_requests_s": "sleep_interval_requests", "sleep_interval_s": "s
            "max_sleep_interval_s": "max_sleep_interval", "sleep_subtitles_s": "sleep_interval_subtitles"}
 
 
+def compile_url_patterns() -> None:
+    """Compile every extractor's URL pattern now. yt-dlp compiles each the first time a URL is
+    tried against it, and a URL is tried against them all in turn: 1.1 CPU-s in every process
+    that first lists or downloads a URL. Done in a process that forks workers, it is done once
+    for all of them."""
+    for ie in yt_dlp.extractor.gen_extractor_classes():
+        ie.suitable("")
+
+
 def base_options(cfg: DownloadConfig, egress: Egress | None = None) -> dict[str, Any]:
     """Options every yt-dlp call gets, through ``egress`` (default: the first configured);
     secrets go in here and are never logged."""

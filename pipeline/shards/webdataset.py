@@ -64,7 +64,9 @@ def write_tar(corpus: Corpus, name: str, records: list[dict[str, Any]]) -> Shard
     the webdataset package would import torch into every shard task."""
     with corpus.atomic_file(f"{FOLDER}/{name}") as handle:
         hasher = HashingWriter(handle)
-        with tarfile.open(fileobj=hasher, mode="w|", format=tarfile.USTAR_FORMAT) as tar:
+        # Not a stream ("w|"): that writes in 10 KB records, a call through the hasher each;
+        # this writes a member's bytes at once, and the same bytes.
+        with tarfile.open(fileobj=hasher, mode="w", format=tarfile.USTAR_FORMAT, copybufsize=1 << 20) as tar:
             for record in records:
                 for member, data in record.items():
                     if member.startswith("__"):
