@@ -9,11 +9,14 @@ video2dataset gets them in its URL list (parquet, one row per video: the page UR
 its cues' [start, end] and `caption` = their texts, one a line; 1.3.0 writes a row's caption
 into each of its clips, so clip i's sentence is line i).
 
-For each precision, in one run:
-- ours: `vlcorpus build CONFIG --root FRESH --until shard` (no features, Parquet shards off,
+For each site size (--videos, 20 and 100 by default) and each precision, in one run:
+- ours: `vlcorpus build CONFIG --root FRESH --until shard --json` (no features, Parquet shards off,
   `shards.webdataset.include_media`, clips at the source height with audio; `copy` = stream
   copy, `exact` = re-encode), on its default local cluster (2 workers, 4 downloads at once,
-  unpaced like video2dataset's: no rate limit, no per-host limit);
+  unpaced like video2dataset's: no rate limit, no per-host limit); its start-up (from the
+  command's start to the build's first stage: imports, Prefect's temporary server, the Dask
+  cluster, the flow run) and teardown (from the end of its last stage to the command's exit)
+  are printed apart from the work, from the summary's timing;
 - video2dataset: its CLI with the `ClippingSubsampler` (`precision: low`, one stream copy of
   the whole video split at keyframes by ffmpeg's segment muxer, or `exact`, one re-encode of
   the whole video at ffmpeg's default libx264 preset with keyframes forced at the cuts), 2
@@ -21,13 +24,14 @@ For each precision, in one run:
 - the floor (once): `ffmpeg -c:v libx264 -preset veryfast` over every whole video at its own
   height, 2 processes at a time.
 Prints each wall time, ours / video2dataset and each / the floor, the clip counts and their
-seconds (saying so when the counts differ), then one JSON line.
+seconds (saying so when the counts differ), our start-up and teardown, then one JSON line per
+size and a last JSON line with every size.
 
 video2dataset is installed once into its own virtualenv (--venv, by default under
 ~/.cache/vlcorpus-bench), never into ours: its pins (torch 2.1.2 with CUDA libraries,
 transformers 4.37.1, numpy<2) cannot live next to ours. The extra pins it needs to install from
 PyPI are V2D_PINS; the first run downloads about 3 GB (5.8 GB installed) in about 5 minutes.
-Usage: python bench/vs_video2dataset.py [--videos 20] [--seconds 60] [--venv DIR]
+Usage: python bench/vs_video2dataset.py [--videos 20 100] [--seconds 60] [--venv DIR]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -47,7 +52,7 @@ import av
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
-from benchkit import make_caption_site, timed, vlcorpus
+from benchkit import make_caption_site, timed
 
 from pipeline.demo import DemoSite, serve_demo
 from pipeline.subtitles import read_cues
@@ -124,8 +129,19 @@ def check(done: subprocess.CompletedProcess, log: Path) -> None:
         raise SystemExit(f"{done.args[0]} failed ({done.returncode}):\n" + log.read_text()[-4000:])
 
 
-def ours(config: Path, root: Path, log: Path) -> None:
-    check(vlcorpus(["build", str(config), "--root", str(root), "--until", "shard", "--quiet"], log), log)
+def ours(config: Path, root: Path, log: Path) -> dict[str, float]:
+    """Our build; returns its start-up, work and teardown seconds."""
+    command = [str(Path(sys.executable).with_name("vlcorpus")), "build", str(config), "--root", str(root),
+               "--until", "shard", "--json"]
+    started = time.time()
+    with open(log, "w") as errors:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=errors, text=True)
+    ended = time.time()
+    check(done, log)
+    timing = json.loads(done.stdout.strip().splitlines()[-1])["timing"]
+    return {"startup_s": round(timing["work_started_at"] - started, 2),
+            "work_s": round(timing["work_ended_at"] - timing["work_started_at"], 1),
+            "teardown_s": round(ended - timing["work_ended_at"], 2)}
 
 
 def video2dataset(command: Path, spans: Path, config: Path, out: Path, log: Path) -> None:
@@ -170,38 +186,45 @@ def compare(precision: str, work: Path, site: DemoSite, command: Path, videos: i
     """Our build and video2dataset's at one precision, each on a fresh output: times and clips."""
     root, out = work / f"ours-{precision}", work / f"v2d-{precision}"
     config = our_config(work / f"ours-{precision}.yaml", site.out_dir / "urls.txt", precision)
-    ours_s, _ = timed(ours, config, root, work / f"ours-{precision}.log")
+    ours_s, fixed = timed(ours, config, root, work / f"ours-{precision}.log")
     v2d_s, _ = timed(video2dataset, command, work / "spans.parquet",
                      v2d_config(work / f"v2d-{precision}.yaml", precision, videos), out,
                      work / f"v2d-{precision}.log")
     (ours_n, ours_clip_s), (v2d_n, v2d_clip_s) = clips_in(root / "shards"), clips_in(out)
-    print(f"{precision}: ours {ours_s:.1f} s, video2dataset {v2d_s:.1f} s", flush=True)
-    return {"ours_s": round(ours_s, 1), "v2d_s": round(v2d_s, 1), "clips_ours": ours_n, "clips_v2d": v2d_n,
-            "clip_s_ours": round(ours_clip_s, 1), "clip_s_v2d": round(v2d_clip_s, 1)}
+    print(f"{precision}: ours {ours_s:.1f} s (start-up {fixed['startup_s']:.2f} s, work {fixed['work_s']:.1f} s, "
+          f"teardown {fixed['teardown_s']:.2f} s), video2dataset {v2d_s:.1f} s", flush=True)
+    return {"ours_s": round(ours_s, 1), "v2d_s": round(v2d_s, 1), **fixed, "clips_ours": ours_n,
+            "clips_v2d": v2d_n, "clip_s_ours": round(ours_clip_s, 1), "clip_s_v2d": round(v2d_clip_s, 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--videos", type=int, default=20)
+    parser.add_argument("--videos", type=int, nargs="+", default=[20, 100], help="site sizes, one after another")
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="video2dataset's virtualenv")
     args = parser.parse_args()
     command = v2d_venv(args.venv)
+    sizes = [run_size(videos, args.seconds, command) for videos in args.videos]
+    print(json.dumps({"cpus": os.cpu_count(), "sizes": sizes}))
+
+
+def run_size(videos: int, seconds: int, command: Path) -> dict:
+    """Both tools and the floor on a fresh site of ``videos`` videos; prints the table."""
     with tempfile.TemporaryDirectory(prefix="vlcorpus-vs-v2d-") as tmp:
         work = Path(tmp)
-        print(f"making {args.videos} videos of {args.seconds} s ...", flush=True)
-        site = make_caption_site(work / "site", args.videos, args.seconds)
+        print(f"making {videos} videos of {seconds} s ...", flush=True)
+        site = make_caption_site(work / "site", videos, seconds)
         floor_s, _ = timed(floor, site, work / "floor")
         with serve_demo(site.out_dir) as base:
             spans, span_s = spans_list(site, base, work / "spans.parquet")
-            print(f"{args.videos} videos x {args.seconds} s at 854x480, {spans} caption spans "
+            print(f"{videos} videos x {seconds} s at 854x480, {spans} caption spans "
                   f"({span_s:.0f} s); floor {floor_s:.1f} s", flush=True)
-            results = {p: compare(p, work, site, command, args.videos) for p in ("copy", "exact")}
-    report(args, spans, span_s, floor_s, results)
+            results = {p: compare(p, work, site, command, videos) for p in ("copy", "exact")}
+    return report(videos, seconds, spans, span_s, floor_s, results)
 
 
-def report(args: argparse.Namespace, spans: int, span_s: float, floor_s: float,
-           results: dict[str, dict]) -> None:
+def report(videos: int, seconds: int, spans: int, span_s: float, floor_s: float,
+           results: dict[str, dict]) -> dict:
     print(f"\n{'precision':<9} {'ours s':>7} {'v2d s':>7} {'ours/v2d':>9} {'ours/floor':>11} "
           f"{'v2d/floor':>10} {'clips ours':>11} {'clips v2d':>10} {'clip s ours':>12} {'clip s v2d':>11}")
     for precision, r in results.items():
@@ -211,15 +234,19 @@ def report(args: argparse.Namespace, spans: int, span_s: float, floor_s: float,
         print(f"{precision:<9} {r['ours_s']:>7.1f} {r['v2d_s']:>7.1f} {r['ours_over_v2d']:>8.2f}x "
               f"{r['ours_over_floor']:>10.2f}x {r['v2d_over_floor']:>9.2f}x {r['clips_ours']:>11} "
               f"{r['clips_v2d']:>10} {r['clip_s_ours']:>12.1f} {r['clip_s_v2d']:>11.1f}")
-    print(f"floor: libx264 veryfast transcode of all {args.videos} whole videos, {PROCESSES} at a "
+    print(f"floor: libx264 veryfast transcode of all {videos} whole videos, {PROCESSES} at a "
           f"time: {floor_s:.1f} s; caption spans: {spans}, {span_s:.1f} s")
+    for precision, r in results.items():
+        print(f"ours, {precision}: start-up {r['startup_s']:.2f} s + teardown {r['teardown_s']:.2f} s = "
+              f"{r['startup_s'] + r['teardown_s']:.2f} s around {r['work_s']:.1f} s of work")
     for precision, r in results.items():
         if not r["clips_ours"] == r["clips_v2d"] == spans:
             print(f"NOTE {precision}: clip counts differ (ours {r['clips_ours']}, video2dataset "
                   f"{r['clips_v2d']}, caption spans {spans}): the times are not for the same output")
-    print(json.dumps({"videos": args.videos, "seconds": args.seconds, "spans": spans,
-                      "span_s": round(span_s, 1), "cpus": os.cpu_count(),
-                      "floor_s": round(floor_s, 1), **results}))
+    size = {"videos": videos, "seconds": seconds, "spans": spans, "span_s": round(span_s, 1),
+            "floor_s": round(floor_s, 1), **results}
+    print(json.dumps(size), flush=True)
+    return size
 
 
 if __name__ == "__main__":
