@@ -2,21 +2,31 @@
 
 Its start is the longest part of a small build's set-up (importing the server is about 2.5
 CPU-s), so the CLI starts it first thing, before it imports Prefect to find out whether a
-server is configured (``flows.services.prefect_server`` stops it again if one is)."""
+server is configured (``flows.services.prefect_server`` stops it again if one is).
+
+Each server has a database of its own, deleted when it stops: a copy of an empty one that the
+first server of this Prefect version migrated (migrating takes about 7 s). Prefect's own
+temporary server keeps every run in ``~/.prefect/prefect.db`` for ever; that file grew by
+megabytes a build, and each start of the server slowed with it."""
 
 from __future__ import annotations
 
 import atexit
 import gc
+import importlib.metadata
 import os
+import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
-from contextlib import suppress
+from contextlib import closing, suppress
+from pathlib import Path
 
 # Seconds the temporary server may take to come up: Prefect's default (20) fails builds on a
 # busy machine, where importing the server and migrating its database take longer.
@@ -32,7 +42,10 @@ class TemporaryServer:
         self.port = port or _free_port()
         self.up = False
         self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self.folder = tempfile.mkdtemp(prefix="vlcorpus-prefect-")
+        self.database, self.from_template = _database(self.folder)
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+               "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{self.database}",
                "PREFECT__SERVER_FINAL": "1",
                # Registering block types (and hashing them to see if they changed) imports
                # every installed Prefect collection: 0.6 s of the server's start. Builds use
@@ -55,8 +68,12 @@ class TemporaryServer:
                     urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
                 if response.status == 200:
                     self.up = True
+                    if not self.from_template:
+                        _keep_template(self.database)
                     return
             if self.process.poll() is not None:
+                if self.from_template:  # a bad template must not fail every build after this one
+                    _template().unlink(missing_ok=True)
                 raise RuntimeError(f"Prefect's temporary server exited with code {self.process.returncode}")
             if time.monotonic() > deadline:
                 self.stop()
@@ -64,18 +81,17 @@ class TemporaryServer:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        if self.process.poll() is not None:
-            return
-        if not self.up:  # still importing, which a SIGTERM waits out (2 s): nothing to close yet
-            self.process.kill()
+        if self.process.poll() is None:
+            if self.up:
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+            else:  # still importing, which a SIGTERM waits out (2 s): nothing to close yet
+                self.process.kill()
             self.process.wait()
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _early: list[TemporaryServer] = []
@@ -96,6 +112,33 @@ def early_server() -> TemporaryServer | None:
     if _early:
         return _early.pop()
     return None if os.environ.get("PREFECT_API_URL") else TemporaryServer()
+
+
+def _template() -> Path:
+    """The migrated empty database of this Prefect version, beside Prefect's own."""
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    return home / f"vlcorpus-empty-{importlib.metadata.version('prefect')}.db"
+
+
+def _database(folder: str) -> tuple[str, bool]:
+    """A server's database in ``folder``: a copy of the template when there is one (and
+    whether it is)."""
+    path = os.path.join(folder, "prefect.db")
+    with suppress(FileNotFoundError):
+        shutil.copyfile(_template(), path)
+        return path, True
+    return path, False
+
+
+def _keep_template(database: str) -> None:
+    """A consistent copy of a database the server has just migrated, as the template (SQLite's
+    backup reads it while the server has it open)."""
+    template = _template()
+    template.parent.mkdir(parents=True, exist_ok=True)
+    part = template.with_suffix(f".{os.getpid()}.part")
+    with closing(sqlite3.connect(database)) as source, closing(sqlite3.connect(part)) as copy:
+        source.backup(copy)
+    os.replace(part, template)
 
 
 def _free_port() -> int:

@@ -1,9 +1,11 @@
 """A build's own start and end, as a user runs `vlcorpus build`: it reports its set-up time
-apart from its work, and whatever way it ends (done, refused, SIGKILLed), none of the processes
+apart from its work, its temporary Prefect server keeps nothing in Prefect's home but the empty
+database it copies, and whatever way it ends (done, refused, SIGKILLed), none of the processes
 it started (Prefect's temporary server, the workers' fork server, the Dask workers) outlives it."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import signal
@@ -40,11 +42,12 @@ def _config(tmp_path: Path, urls: Path, extra: str = "") -> Path:
 
 
 def _start(config: Path, mark: str, *args: str) -> subprocess.Popen:
-    """`vlcorpus build CONFIG` as a user types it, its every process carrying ``mark`` in its
-    environment."""
+    """`vlcorpus build CONFIG` as a user types it (Prefect's home beside the config), its every
+    process carrying ``mark`` in its environment."""
     return subprocess.Popen([str(Path(sys.executable).with_name("vlcorpus")), "build", str(config), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=config.parent,
-                            env={**os.environ, "VLCORPUS_TEST_MARK": mark})
+                            env={**os.environ, "VLCORPUS_TEST_MARK": mark,
+                                 "PREFECT_HOME": str(config.parent / "prefect-home")})
 
 
 def _marked(mark: str) -> list[str]:
@@ -78,6 +81,9 @@ def test_a_build_reports_its_setup_apart_from_its_work_and_leaves_no_process(tmp
     assert timing["setup_s"] > 0 and timing["work_s"] > 0
     assert summary["tables"]["clips"] > 0
     assert _none_left(mark, within_s=5) == []
+    # The server's database went with it; the migrated empty one stays for the next build.
+    assert [p.name for p in (tmp_path / "prefect-home").iterdir()] == [
+        f"vlcorpus-empty-{importlib.metadata.version('prefect')}.db"]
 
 
 def test_a_build_killed_outright_leaves_no_process(tmp_path, site):
