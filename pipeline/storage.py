@@ -94,6 +94,41 @@ class Corpus:
                 self.fs.get(self.path(path), local)
                 yield local
 
+    @contextlib.contextmanager
+    def local_folder(self, path: str, write: bool = True) -> Iterator[str]:
+        """A local folder for a folder of the corpus, for code that works on files (training and
+        its checkpoints). A local root's own; for a remote root, a temporary copy of what the
+        folder holds, which, with ``write``, replaces it once the block ends without an error
+        (files the block deleted are deleted there too)."""
+        if self.is_local:
+            local = self.local_path(path)
+            os.makedirs(local, exist_ok=True)
+            yield local
+            return
+        remote = self.path(path)
+        with tempfile.TemporaryDirectory(prefix="vlcorpus-") as tmp:
+            before = {posixpath.relpath(f, remote): f for f in self.fs.find(remote)}
+            fetched = {}
+            for relative, remote_file in before.items():
+                local_file = os.path.join(tmp, *relative.split("/"))
+                os.makedirs(os.path.dirname(local_file), exist_ok=True)
+                self.fs.get_file(remote_file, local_file)
+                fetched[relative] = _stamp(local_file)
+            yield tmp
+            if not write:
+                return
+            after = set()
+            for folder, _, names in os.walk(tmp):
+                for name in names:
+                    local_file = os.path.join(folder, name)
+                    relative = os.path.relpath(local_file, tmp).replace(os.sep, "/")
+                    after.add(relative)
+                    if fetched.get(relative) != _stamp(local_file):  # new or rewritten
+                        self.fs.put_file(local_file, posixpath.join(remote, relative))
+            gone = [f for relative, f in before.items() if relative not in after]
+            if gone:
+                self.fs.rm(gone)
+
     def local_path(self, *parts: str) -> str:
         """Path usable by local tools (ffmpeg, yt-dlp); only for local roots."""
         if not self.is_local:
@@ -398,6 +433,11 @@ class Corpus:
 
 def _base(path: str) -> str:
     return posixpath.basename(path.rstrip("/"))
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> Iterable[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -49,21 +50,25 @@ def pairs_for(corpus: Corpus, cfg: Config, pairs_file: str | None = None,
     return pairs
 
 
-def default_out(corpus: Corpus, cfg: Config) -> Path:
-    """``<root>/train/<model>``: checkpoints, metrics.json, curve.png (local roots only)."""
+def train_folder(cfg: Config) -> str:
+    """``train/<model>`` in the corpus: checkpoints, metrics.json, curve.png."""
     assert cfg.train is not None
-    return Path(corpus.local_path("train", cfg.train.model))
+    return f"train/{cfg.train.model}"
 
 
 def train_corpus(corpus: Corpus, cfg: Config, out: Path | None = None, device: str = "auto",
                  resume: bool = True, pairs_file: str | None = None,
                  shards: str | None = None, eval_on: EvalOn = "test") -> dict[str, Any]:
+    """Train on the corpus into ``out``, by default its ``train/<model>`` (on a remote root,
+    trained in a local copy that is uploaded when training ends)."""
     if cfg.train is None:
         raise ValueError("the config has no `train` section")
     source = (f"pairs file {pairs_file}" if pairs_file else f"shards {shards}" if shards
               else "the corpus's features tables")
-    return train(pairs_for(corpus, cfg, pairs_file, shards), cfg.train, out or default_out(corpus, cfg),
-                 device=device, resume=resume, eval_on=eval_on, source=source)
+    pairs = pairs_for(corpus, cfg, pairs_file, shards)
+    with contextlib.nullcontext(str(out)) if out else corpus.local_folder(train_folder(cfg)) as folder:
+        return train(pairs, cfg.train, Path(folder), device=device, resume=resume, eval_on=eval_on,
+                     source=source)
 
 
 def evaluate_corpus(corpus: Corpus, cfg: Config, checkpoint: Path | None = None,
@@ -71,8 +76,10 @@ def evaluate_corpus(corpus: Corpus, cfg: Config, checkpoint: Path | None = None,
                     shards: str | None = None, eval_on: EvalOn = "test") -> dict[str, Any]:
     if cfg.train is None and checkpoint is None:
         raise ValueError("the config has no `train` section; pass a checkpoint")
-    return evaluate(checkpoint or default_out(corpus, cfg), pairs_for(corpus, cfg, pairs_file, shards),
-                    device=device, eval_on=eval_on)
+    pairs = pairs_for(corpus, cfg, pairs_file, shards)
+    with (contextlib.nullcontext(str(checkpoint)) if checkpoint
+          else corpus.local_folder(train_folder(cfg), write=False)) as folder:
+        return evaluate(Path(folder), pairs, device=device, eval_on=eval_on)
 
 
 def train_step(ctx: StageContext) -> dict[str, Any]:
@@ -93,4 +100,4 @@ def train_step(ctx: StageContext) -> dict[str, Any]:
     if ctx.corpus.fs.exists(ctx.corpus.path(note)):
         ctx.corpus.fs.rm(ctx.corpus.path(note))
     keys = ("t2v", "v2t", "mc_acc", "n_test", "protocol", "split")
-    return {**{k: metrics.get(k) for k in keys}, "out": str(default_out(ctx.corpus, cfg))}
+    return {**{k: metrics.get(k) for k in keys}, "out": ctx.corpus.path(train_folder(cfg))}

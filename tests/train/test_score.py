@@ -28,7 +28,7 @@ from pipeline.train.evaluation import similarity_matrix
 from pipeline.train.loop import selected_checkpoint
 from pipeline.train.models import build_model
 from pipeline.train.pairs import PairSet
-from pipeline.train.run import train_corpus
+from pipeline.train.run import evaluate_corpus, train_corpus
 from pipeline.validate import validate
 
 CPU = torch.device("cpu")
@@ -403,3 +403,28 @@ def test_a_build_scores_after_training_then_shards_and_reports(prefect_harness, 
     assert second["stages"]["score:wal"]["items"] == 0 and second["stages"]["score:wal"]["skipped_done"] == 60
     assert second["stages"]["shard"]["parquet"]["written"] == 0
     assert validate(Corpus(str(root))) == []
+
+
+def test_a_corpus_on_a_remote_root_trains_resumes_evaluates_and_scores(memory_root):
+    """An object-store root (fsspec memory:// here; S3 in the rehearsal): training runs in a
+    local copy of train/<model> and uploads it; a second run resumes from the uploaded
+    checkpoints; evaluation and the score stage read them from the root."""
+    pairs, _ = trainkit.noisy_pairs()
+    corpus = Corpus(memory_root)
+    pairs.to_corpus(corpus, "resnet34", "text:synthetic")
+    cfg = _config(memory_root, epochs=2, lr_milestones=[], options={})
+    first = train_corpus(corpus, cfg, device="cpu")
+    folder = corpus.path("train", "wal")
+    assert corpus.fs.exists(f"{folder}/metrics.json") and corpus.fs.exists(f"{folder}/curve.png")
+    def saved() -> list[str]:
+        return sorted(p.rsplit("/", 1)[1] for p in corpus.fs.find(f"{folder}/checkpoints"))
+
+    assert saved() == ["epoch_0000.pt", "epoch_0001.pt"]
+    again = train_corpus(corpus, _config(memory_root, epochs=3, lr_milestones=[], options={}), device="cpu")
+    # Resumed: one more epoch after the first run's two, its curve carried on.
+    assert saved() == ["epoch_0000.pt", "epoch_0001.pt", "epoch_0002.pt"]
+    assert again["curve"][:len(first["curve"])] == first["curve"] and len(again["curve"]) > len(first["curve"])
+    evaluated = evaluate_corpus(corpus, cfg, device="cpu")
+    assert evaluated["n_test"] == first["n_test"]
+    report = run_stage(make_stage(cfg), context(corpus, cfg), batch_size=7)
+    assert report.ok == len(pairs.pair_ids) == 120 and not report.errors
