@@ -272,5 +272,7 @@ def rebuild_corpus(
                         retry_failed=retry_failed)
     if not summary["health"]["healthy"]:
         get_run_logger().error(summary["health"]["message"])
-        return Failed(message=summary["health"]["message"], data=summary)
+        # The message alone: Prefect raises a failed state's data as the run's exception, which
+        # a summary is not (a TypeError in the worker's flow process).
+        return Failed(message=summary["health"]["message"])
     return summary

@@ -466,6 +466,7 @@ def test_an_unhealthy_build_ends_failed_and_the_alert_of_infra_readme_posts_it(s
         assert run.state.type.value == "FAILED", run.state
         assert run.state.message.startswith(f"The build of {tmp_path / 'root'} is unhealthy: the sources "
                                             f"listed 0 videos"), run.state.message
+        assert "Unexpected result for failed state" not in stack.worker_log.read_text()
         deadline = time.monotonic() + 120
         while not _Hook.received:
             assert time.monotonic() < deadline, stack.server_log.read_text()[-3000:]
