@@ -107,20 +107,26 @@ def demo_corpus(tmp_path_factory):
 
 
 @pytest.fixture
-def prefect_server(monkeypatch, tmp_path):
-    """A Prefect server of the test's own (database under tmp_path), that the test process, its
-    threads and any process it starts share through PREFECT_API_URL, as in production."""
+def temporary_server(monkeypatch):
+    """A Prefect server of the test's own (a database of its own, copied from the session's
+    migrated empty one), that the test process, its threads and any process it starts share
+    through PREFECT_API_URL, as in production."""
     from flows.services import drain, start_server, use_api
 
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     server = start_server()
     try:
         with use_api(server.api_url):
-            yield server.api_url
+            yield server
     finally:
         drain()
         server.stop()
+
+
+@pytest.fixture
+def prefect_server(temporary_server):
+    """The API URL of the test's own Prefect server (``temporary_server``)."""
+    return temporary_server.api_url
 
 
 class Tally:

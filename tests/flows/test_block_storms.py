@@ -30,13 +30,12 @@ VIDEOS = 12
 
 
 @pytest.fixture(scope="module")
-def temporary_server(tmp_path_factory):
+def temporary_server():
     """Builds in this module run as the CLI runs them with no server configured."""
     from flows.services import on_temporary_server, prefect_server
 
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("PREFECT_API_URL", raising=False)
-        patch.setenv("PREFECT_HOME", str(tmp_path_factory.mktemp("prefect")))
         with prefect_server() as up:
             up()
             assert on_temporary_server()

@@ -62,7 +62,6 @@ def test_on_its_own_temporary_server_a_build_holds_its_limits_on_its_cluster(tmp
     from flows.services import on_temporary_server, prefect_server
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
     with prefect_server() as up:  # the server the build uses, as the CLI starts it
         up()
         assert on_temporary_server()

@@ -37,7 +37,7 @@ def _files(folder: Path) -> Iterator[Path]:
     return (p for p in folder.rglob("*") if p.is_file())
 
 
-def test_planted_secrets_appear_in_no_output_of_a_build(demo_corpus, tmp_path, prefect_server,
+def test_planted_secrets_appear_in_no_output_of_a_build(demo_corpus, tmp_path, temporary_server,
                                                         monkeypatch, capfd):
     require_binaries("ffmpeg", "ffprobe")
     _, site = demo_corpus
@@ -73,20 +73,13 @@ def test_planted_secrets_appear_in_no_output_of_a_build(demo_corpus, tmp_path, p
     assert seen and any(COOKIE_VALUE in h.get("Cookie", "") for h in seen)
     assert validate(Corpus(str(root))) == []
 
-    from prefect.settings import Settings, get_current_settings
-
     from flows.services import drain
 
     drain()  # the run's logs and events, into the server's database
     out, err = capfd.readouterr()
-    # The server's SQLite file and its journal files. The server process got this process's
-    # settings (a session-wide harness may have set the database) over the environment (where
-    # the fixture set PREFECT_HOME after this process read its settings): look where each says.
-    urls = {settings.server.database.connection_url.get_secret_value()
-            for settings in (get_current_settings(), Settings())}
-    dbs = [Path(url.split(":///", 1)[1]) for url in urls if ":///" in url]
-    database = [p for db in dbs if db.parent.exists() for p in db.parent.iterdir()
-                if p.name.startswith(db.name)]
+    # The server's SQLite file and its journal files.
+    db = Path(temporary_server.database)
+    database = [p for p in db.parent.iterdir() if p.name.startswith(db.name)]
     searched = [*_files(root), *_files(Path(os.environ["PREFECT_HOME"])), *database]
     assert any(p.suffix == ".parquet" for p in searched) and database
     # Control: the database does hold the flow's parameters (the config, cookies path included).
