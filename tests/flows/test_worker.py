@@ -120,11 +120,12 @@ def _wait_up(url: str, proc: subprocess.Popen, log: Path, seconds: float = 180) 
 
 def _stop(proc: subprocess.Popen) -> None:
     """Stop ``proc`` and what it started (its session: the server's uvicorn, the worker's flow
-    runs)."""
+    runs). A Prefect worker that was sent SIGTERM waits for its flow runs, a minute at times
+    here: not for a test's teardown."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=60)
+        proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
