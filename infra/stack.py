@@ -225,15 +225,8 @@ class Stack:
         worker's flow runs)."""
         pid = self.pids.pop(name, None)
         self.save()
-        if pid is None:
-            return
-        with suppress(ProcessLookupError):
-            os.killpg(pid, sig)
-        deadline = time.monotonic() + timeout_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        with suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+        if pid is not None:
+            _stop_sessions([pid], sig, timeout_s)
 
     def restart(self, name: str) -> None:
         if name == "postgres":
@@ -249,20 +242,26 @@ class Stack:
         pids = list(self.pids.values())
         self.pids.clear()
         self.save()
-        for pid in pids:
-            with suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_S
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for pid in pids:
-            with suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        _stop_sessions(pids, signal.SIGTERM, STOP_S)
         if self.pgdata and Path(self.pgdata).exists():
             with suppress(subprocess.CalledProcessError):
                 self._pg_ctl("-m", "fast", "stop")
             shutil.rmtree(self.pgdata, ignore_errors=True)
         self.state.unlink(missing_ok=True)
+
+
+def _stop_sessions(pids: list[int], sig: int, timeout_s: float) -> None:
+    """Send ``sig`` to each process's session, wait up to ``timeout_s`` for them all, then
+    SIGKILL what is left."""
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+    deadline = time.monotonic() + timeout_s
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

@@ -5,8 +5,9 @@ an S3 store on moto's server behind the counting proxy), `vlcorpus deploy`, `pre
 run rebuild_corpus/rebuild ... --watch` on an s3:// root, 24 videos in 4 partitions. The build
 completes (trained and scored on the S3 root), the corpus on S3 validates, featurize ran on the
 GPU worker only, the server's log holds no database error meanwhile; after `stack.py restart
-postgres` and `stack.py kill` of a Dask worker, the deployment runs again and changes nothing; `stack.py down` stops every part. A schedule whose
-runs came due while the Prefect worker was down builds once, the newest run, when it is back."""
+postgres` and `stack.py kill` of a Dask worker, the deployment runs again and changes nothing;
+`stack.py down` stops every part. A schedule whose runs came due while the Prefect worker was
+down builds once, the newest run, when it is back."""
 
 from __future__ import annotations
 
