@@ -33,23 +33,25 @@ def probe(path: str) -> MediaInfo:
     """Streams and duration of a media file, read in-process from its header (PyAV, what ffprobe
     shows); unreadable files are bad input."""
     try:
+        # Everything is read while the container is open: PyAV 19 refuses a stream's codec
+        # context and rates once its container has closed.
         with av.open(path) as container:
             video = next((s for s in container.streams.video
                           if not s.disposition & av.stream.Disposition.attached_pic), None)
             audio = container.streams.audio[0] if container.streams.audio else None
             duration = (container.duration or 0) / 1e6
+            return MediaInfo(
+                duration_s=duration if duration == duration else 0.0,  # NaN counts as unknown
+                has_video=video is not None,
+                has_audio=audio is not None,
+                width=video.codec_context.width or None if video else None,
+                height=video.codec_context.height or None if video else None,
+                fps=_rate(video.average_rate or video.guessed_rate) if video else None,
+                audio_codec=audio.codec_context.name if audio else None,
+            )
     except (av.FFmpegError, OSError) as exc:
         # The reason without the path: messages never carry local paths.
         raise BadInputError(f"unreadable media: {getattr(exc, 'strerror', None) or exc}") from None
-    return MediaInfo(
-        duration_s=duration if duration == duration else 0.0,  # NaN counts as unknown
-        has_video=video is not None,
-        has_audio=audio is not None,
-        width=video.codec_context.width or None if video else None,
-        height=video.codec_context.height or None if video else None,
-        fps=_rate(video.average_rate or video.guessed_rate) if video else None,
-        audio_codec=audio.codec_context.name if audio else None,
-    )
 
 
 # A container may claim a duration this much longer than its video stream lasts and keep it
