@@ -1,13 +1,23 @@
 # Two commands set everything up on a fresh machine: `make demo` and `make test`;
-# `make docs` builds the documentation site into site/.
+# `make docs` builds the documentation site into site/; `make lock` and `make lock-upgrade` keep
+# the one tested set of versions (uv.lock, and constraints.txt made from it for pip).
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_ROOT ?= demo-corpus
 PYTEST_ARGS ?=
+# Every install takes its versions from the lock, through pip (which also finds wheels a machine
+# keeps on disk, as these keep torch's).
+PINS := constraints.txt
+UV := $(VENV)/bin/uv
+EXPORT := $(UV) export --quiet --frozen --all-extras --no-emit-project --no-hashes --no-annotate --format requirements.txt
+# The newest Python the project supports runs the tests that need no torch, in a venv of its own.
+PY312 ?= $(firstword $(shell for p in $$(command -v python3.12) $(HOME)/.pyenv/versions/3.12*/bin/python3.12; do "$$p" -c '' 2>/dev/null && echo "$$p"; done))
+VENV312 := .venv-py312
+TORCH_FREE_TESTS := tests/stages tests/storage
 
-.PHONY: demo test docs system venv schema clean
+.PHONY: demo test test-py312 lock lock-upgrade lock-check docs system venv schema clean
 
 # Debian packages, only when a binary is missing (needs root or sudo); chromium checks the
 # HTML report in the tests, PostgreSQL is the Prefect server's database in the production
@@ -24,18 +34,48 @@ system:
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(PINS)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c $(PINS) -e '.[dev]'
 	touch $(STAMP)
+
+$(VENV312)/.installed: pyproject.toml $(PINS)
+	test -x $(VENV312)/bin/python || $(PY312) -m venv $(VENV312)
+	$(VENV312)/bin/python -m pip install -q -c $(PINS) -e '.[asr,gcp,test]'
+	touch $@
 
 venv: system $(STAMP)
 
 demo: venv
 	$(VENV)/bin/vlcorpus demo --root $(DEMO_ROOT)
 
-test: venv
+# CI fails when pyproject.toml and the lock disagree, or a dependency breaks on Python 3.12.
+test: venv lock-check test-py312
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Without a Python 3.12 this is skipped, except in CI (CI=true), where it fails.
+test-py312: system
+	@if [ -z "$(PY312)" ]; then \
+	  echo "no python3.12 found: the Python 3.12 tests are skipped (set PY312=/path/to/python3.12)"; \
+	  [ "$$CI" != true ]; \
+	else \
+	  $(MAKE) --no-print-directory $(VENV312)/.installed && \
+	  $(VENV312)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" $(TORCH_FREE_TESTS); \
+	fi
+
+# After editing the dependencies in pyproject.toml: the lock follows, changing no other version.
+lock: venv
+	$(UV) lock
+	$(EXPORT) > $(PINS)
+
+# The refresh: the newest versions pyproject.toml allows (then `make test`, and commit both files).
+lock-upgrade: venv
+	$(UV) lock --upgrade
+	$(EXPORT) > $(PINS)
+
+lock-check: venv
+	$(UV) lock --check
+	@$(EXPORT) | diff -u $(PINS) - || { echo "$(PINS) is not what uv.lock exports: run make lock"; exit 1; }
 
 # --strict: a broken link or a missing page fails the build. Material's notice about its
 # successor is not for the users of this site.
@@ -46,4 +86,4 @@ schema: venv
 	$(VENV)/bin/vlcorpus schema --write
 
 clean:
-	rm -rf $(VENV) $(DEMO_ROOT) .pytest_cache site
+	rm -rf $(VENV) $(VENV312) $(DEMO_ROOT) .pytest_cache site

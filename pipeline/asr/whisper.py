@@ -18,11 +18,11 @@ from faster_whisper import WhisperModel, available_models
 from faster_whisper import utils as whisper_utils
 from faster_whisper.utils import download_model
 
-from pipeline.asr import AsrSetupError
+from pipeline.asr import SAMPLE_RATE, AsrSetupError
 from pipeline.config import AsrConfig
 from pipeline.device import pick_device
-from pipeline.errors import BadInputError
 from pipeline.hub import cache_folder
+from pipeline.media import read_wav
 from pipeline.segment import Word
 
 log = logging.getLogger(__name__)
@@ -140,25 +140,14 @@ class WhisperBackend:
             "vad_filter": self.cfg.vad,
         }
         words: list[Word] = []
-        try:
-            segments, _info = self.model.transcribe(wav_path, **kwargs)
-            for segment in segments:  # a generator: decoding happens while iterating
-                for w in segment.words or ():
-                    text = w.word.strip()
-                    if not text:
-                        continue
-                    start = max(0.0, float(w.start))
-                    words.append(Word(text, start, max(start, float(w.end)),
-                                      confidence=float(w.probability)))
-        except _decode_errors() as exc:
-            raise BadInputError(f"cannot decode audio: {exc}") from None
+        # The samples, not the path: faster-whisper 1.2 opens a path with an av.open option that
+        # PyAV 19 (Python 3.12+) no longer takes.
+        segments, _info = self.model.transcribe(read_wav(wav_path, SAMPLE_RATE), **kwargs)
+        for segment in segments:  # a generator: decoding happens while iterating
+            for w in segment.words or ():
+                text = w.word.strip()
+                if not text:
+                    continue
+                start = max(0.0, float(w.start))
+                words.append(Word(text, start, max(start, float(w.end)), confidence=float(w.probability)))
         return words
-
-
-def _decode_errors() -> tuple[type[BaseException], ...]:
-    try:
-        import av
-
-        return (av.error.FFmpegError,)
-    except (ImportError, AttributeError):  # pragma: no cover - av comes with faster-whisper
-        return ()

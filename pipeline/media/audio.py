@@ -5,6 +5,7 @@ from __future__ import annotations
 import wave
 
 import ffmpeg
+import numpy as np
 
 from pipeline.errors import BadInputError
 from pipeline.media.probe import probe
@@ -28,3 +29,18 @@ def extract_audio(path: str, out_wav: str, sample_rate: int = 16000, timeout_s: 
             return wav.getnframes() / float(wav.getframerate())
     except (OSError, EOFError, wave.Error) as exc:
         raise BadInputError(f"audio extraction wrote an unreadable WAV: {exc}") from None
+
+
+def read_wav(path: str, sample_rate: int = 16000) -> np.ndarray:
+    """The samples of a mono 16-bit PCM WAV at ``sample_rate`` Hz, as ``extract_audio`` writes
+    it, as float32 in [-1, 1) (what Whisper models take). Any other WAV is bad input."""
+    try:
+        with wave.open(path, "rb") as wav:
+            got = (wav.getframerate(), wav.getnchannels(), wav.getsampwidth())
+            if got != (sample_rate, 1, 2):
+                raise BadInputError(f"expected mono 16-bit {sample_rate} Hz WAV, got {got[1]} channel(s), "
+                                    f"{8 * got[2]}-bit, {got[0]} Hz")
+            pcm = wav.readframes(wav.getnframes())
+    except (OSError, EOFError, wave.Error) as exc:
+        raise BadInputError(f"unreadable WAV: {exc}") from None
+    return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
