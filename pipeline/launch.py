@@ -9,10 +9,6 @@ import atexit
 import logging
 import os
 import sys
-import time
-
-# When this command started (epoch seconds): a build's set-up is measured from it.
-STARTED_AT = time.time()
 
 
 def main() -> None:

@@ -93,11 +93,11 @@ def build(
 def _time_setup(summary: dict) -> None:
     """The command's seconds before the build's work began (imports, Prefect's server, the Dask
     cluster, the flow run) and of the work, beside the work's own start and end."""
-    from pipeline.launch import STARTED_AT
+    from pipeline.started import process_started_at
 
     timing = summary.get("timing")
     if timing:
-        timing["setup_s"] = round(timing["work_started_at"] - STARTED_AT, 2)
+        timing["setup_s"] = round(timing["work_started_at"] - process_started_at(), 2)
         timing["work_s"] = round(timing["work_ended_at"] - timing["work_started_at"], 2)
 
 
