@@ -7,87 +7,20 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import stagekit
-from hubkit import cache_model, hub_env, unreachable_hub
+from checkkit import TSM_FILE, listing, provide, put_models, starter, vlcorpus
+from hubkit import hub_env, unreachable_hub
 from pipeline.starter import STYLES
 from pipeline.storage import Corpus
-
-TSM_FILE = "TSM_kinetics_RGB_resnet50_shift8_blockres_avg_segment8_e50.pth"
-# What each starter names beside it (its comments say to put them there).
-LISTS = {"apartment-tour": ("tours.txt", "https://www.youtube.com/watch?v=dQw4w9WgXcQ\n"),
-         "spoken-moments": ("moments.csv", "url,start,end\nhttps://www.youtube.com/watch?v=dQw4w9WgXcQ,3,6\n")}
-
-
-def vlcorpus(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
-                          timeout=300, env=env or dict(os.environ))
-
-
-def listing(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every file and folder under ``folder`` with its size and modification time."""
-    return {str(p.relative_to(folder)): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in folder.rglob("*")}
-
-
-def zero_state(build: Callable[[], object], prefix: str = "") -> dict:
-    """A state dict of the model ``build`` makes, zeros: the right keys and shapes, quickly."""
-    import torch
-
-    with torch.device("meta"):
-        model = build()
-    return {prefix + k: torch.zeros(v.shape, dtype=v.dtype) for k, v in model.state_dict().items()}
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    """The models the starters name, put where a user puts them: torchvision's weights in the
-    torch cache, the Whisper model `small` in the Hugging Face cache (the tests' tiny.en under
-    its name), a TSM checkpoint file."""
-    import torch
-    import torchvision
-    from speech import tiny_model_path
-
-    from pipeline.features.tsm import parse_settings, tsm_resnet50
-    from pipeline.features.weights import cache_path
-
-    folder = tmp_path_factory.mktemp("models")
-    torch_home = folder / "torch"
-    for weights, build in ((torchvision.models.ResNet34_Weights.DEFAULT, torchvision.models.resnet34),
-                           (torchvision.models.ResNet152_Weights.DEFAULT, torchvision.models.resnet152),
-                           (torchvision.models.video.S3D_Weights.DEFAULT, torchvision.models.video.s3d)):
-        name = Path(cache_path(weights)).name
-        path = torch_home / "hub" / "checkpoints" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(zero_state(build), path)
-    hf_home = folder / "hf"
-    cache_model(hf_home, "Systran/faster-whisper-small", tiny_model_path())
-    tsm = folder / TSM_FILE
-    state = zero_state(lambda: tsm_resnet50(parse_settings(TSM_FILE), 8), prefix="module.base_model.")
-    torch.save({"state_dict": state}, tsm)
-    return {"torch_home": torch_home, "hf_home": hf_home, "tsm": tsm}
-
-
-def starter(style: str, folder: Path) -> Path:
-    name = f"my_{style.replace('-', '_')}"
-    result = vlcorpus("init", name, "--style", style, "--out", str(folder))
-    assert result.returncode == 0, result.stderr
-    return folder / f"{name}.yaml"
-
-
-def provide(style: str, config: Path, models: dict[str, Path]) -> None:
-    """What the starter's comments ask for beside it: its list, the TSM checkpoint."""
-    if style in LISTS:
-        name, text = LISTS[style]
-        (config.parent / name).write_text(text)
-    if style == "spoken-moments":
-        (config.parent / "models").mkdir()
-        (config.parent / "models" / TSM_FILE).symlink_to(models["tsm"])
+    return put_models(tmp_path_factory.mktemp("models"))
 
 
 @pytest.mark.parametrize("style", list(STYLES))

@@ -4,7 +4,9 @@ files it shows (``title="..."``) are written as shown. Two things differ, each w
 could not be followed offline or in a few minutes: ``make demo`` runs the command its recipe
 runs with 3 videos instead of 12 (tests/flows/test_demo_build.py covers the demo itself), and
 the YouTube ids and URL template of the own-corpus section point at the demo's site on
-127.0.0.1 instead. ``make test`` is the suite this test is part of: only its recipe is checked."""
+127.0.0.1 instead. ``make test`` is the suite this test is part of: only its recipe is checked.
+A ``pip install`` runs with ``--dry-run``: it resolves what it would install from the lock's
+constraints, without installing (tests/flows/test_image.py installs from them for real)."""
 
 from __future__ import annotations
 
@@ -66,6 +68,8 @@ def test_every_getting_started_command_runs_as_written(tmp_path):
     work.mkdir()
     shutil.copytree(ROOT / "configs", work / "configs")
     (work / ".venv").symlink_to(ROOT / ".venv")
+    for name in ("pyproject.toml", "README.md", "constraints.txt", "uv.lock", "pipeline", "flows", "schemas"):
+        (work / name).symlink_to(ROOT / name)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "HF_DATASETS_CACHE": str(tmp_path / "hf-cache")}
     ran: list[str] = []
@@ -93,8 +97,11 @@ def test_every_getting_started_command_runs_as_written(tmp_path):
                     pages = work / "demo-corpus" / "site"
                     site["template"] = stack.enter_context(serve_demo(pages)) + "pages/{id}.html"
                     site["ids"] = " ".join(v.id for v in DemoSite.load(pages).videos)
+                elif "/pip install " in command:
+                    _run(command.replace("/pip install ", "/pip install --dry-run ", 1), work, env)
                 else:
                     _run(command, work, env)
-    assert {"make demo", "make test", ".venv/bin/vlcorpus build my_tours.yaml"} <= set(ran)
+    assert {"make demo", "make test", ".venv/bin/vlcorpus build my_tours.yaml",
+            ".venv-mine/bin/pip install -c constraints.txt '.[features,asr]'"} <= set(ran)
     assert (work / "demo-corpus" / "corpus" / "train" / "wal" / "metrics.json").exists()
     assert list((work / "my_tours-corpus" / "shards" / "parquet").glob("split=*/*.parquet"))
