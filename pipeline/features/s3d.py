@@ -10,7 +10,7 @@ from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
 from pipeline.features.base import TorchVisualExtractor, frame_spec
 from pipeline.features.registry import register
-from pipeline.features.weights import torchvision_model
+from pipeline.features.weights import downloads_off, torchvision_model
 
 _WEIGHTS = models.video.S3D_Weights
 _TRANSFORMS = _WEIGHTS.KINETICS400_V1.transforms()
@@ -41,7 +41,8 @@ def build_s3d(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConf
     if (spec.frames is not None and spec.frames < MIN_FRAMES) or (spec.crop or spec.short_side) < MIN_SIZE:
         raise SetupError(f"s3d needs at least {MIN_FRAMES} frames of at least {MIN_SIZE} px "
                          f"(got frames={spec.frames}, crop={spec.crop})")
-    model, weights_id = torchvision_model(cfg.name, cfg.weights, models.video.s3d, _WEIGHTS, head="classifier")
+    model, weights_id = torchvision_model(cfg.name, cfg.weights, models.video.s3d, _WEIGHTS, head="classifier",
+                                          off=downloads_off(features))
     return TorchVisualExtractor(
         name=cfg.name, weights_id=weights_id, dim=1024, spec=spec, pooled=True, layout="clip",
         model=S3DPooled(model), features=features, mean=_TRANSFORMS.mean, std=_TRANSFORMS.std,
