@@ -285,6 +285,10 @@ def _published() -> list[Published]:
             for file in (WEIGHTS_FILE, DICT_FILE)]
 
 
+def _needs(cfg: ExtractorConfig) -> list[Published]:
+    return _published() if cfg.weights == "default" else []
+
+
 def weights_path(name: str, weights: str, off: str | None) -> str:
     """``weights`` itself, or for "default" the published checkpoint in torch's cache (with its
     word list beside it), downloaded there unless ``off`` or an offline switch says why not."""
@@ -336,13 +340,13 @@ def _build_video(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesC
     )
 
 
-@register("s3d_howto100m")
+@register("s3d_howto100m", needs=_needs)
 def build_video(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig) -> MilNceVideoExtractor:
     """[512] per clip: the joint text-video embedding."""
     return _build_video(cfg, frames, features, "video_embedding")
 
 
-@register("s3d_howto100m:mixed_5c")
+@register("s3d_howto100m:mixed_5c", needs=_needs)
 def build_mixed_5c(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig) -> MilNceVideoExtractor:
     """[1024] per clip: pooled Mixed_5c, for classification-style downstream use."""
     return _build_video(cfg, frames, features, "mixed_5c")
@@ -378,6 +382,6 @@ class MilNceTextExtractor(TextExtractor):
         return list(out)
 
 
-@register("text:s3d_howto100m")
+@register("text:s3d_howto100m", needs=_needs)
 def build_text(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig) -> MilNceTextExtractor:
     return MilNceTextExtractor(cfg, features)

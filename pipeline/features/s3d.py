@@ -10,7 +10,8 @@ from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
 from pipeline.features.base import TorchVisualExtractor, frame_spec
 from pipeline.features.registry import register
-from pipeline.features.weights import downloads_off, torchvision_model
+from pipeline.features.weights import downloads_off, torchvision_model, torchvision_needs
+from pipeline.modelcache import Published
 
 _WEIGHTS = models.video.S3D_Weights
 _TRANSFORMS = _WEIGHTS.KINETICS400_V1.transforms()
@@ -32,7 +33,11 @@ class S3DPooled(nn.Module):
         return self.avgpool(self.features(x)).mean(dim=(2, 3, 4))
 
 
-@register("s3d")
+def _needs(cfg: ExtractorConfig) -> list[Published]:
+    return torchvision_needs(cfg.weights, _WEIGHTS)
+
+
+@register("s3d", needs=_needs)
 def build_s3d(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig) -> TorchVisualExtractor:
     """[1024] per clip; 16 frames by default, normalised with the Kinetics mean and std of
     torchvision's transforms for these weights. Frames keep their aspect ratio (short side,

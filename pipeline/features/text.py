@@ -16,7 +16,7 @@ from pipeline.features.base import TextExtractor, autocast_dtype, inference, tor
 from pipeline.features.registry import register
 from pipeline.features.weights import WeightsError, downloads_off, file_id, local_weights, random_init
 from pipeline.hub import cache_folder, hub_model
-from pipeline.modelcache import FETCH_HINT, obtain
+from pipeline.modelcache import FETCH_HINT, Published, obtain
 
 # The file of a saved model whose hash identifies its weights, in order of preference.
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
@@ -104,6 +104,11 @@ def _local_folder(name: str, source: str, off: str | None) -> str:
                   lambda reason: WeightsError(_missing_model(name, source, "not in it", reason)), off)
 
 
+def _needs(cfg: ExtractorConfig) -> list[Published]:
+    source = _source(cfg)
+    return [] if _is_folder(source) else [hub_model(source)]
+
+
 def _weights_id(source: str, folder: str) -> str:
     """``hf:<id>@<commit>`` for a model from the cache; ``file:<folder>#<sha>`` for a folder."""
     if folder != source:
@@ -130,6 +135,6 @@ def _missing_model(name: str, source: str, reason: str, not_downloaded: str | No
             f"copy the cache here (HF_HOME moves it), or name a model folder: text:/path/to/model.")
 
 
-@register(TEXT_PREFIX)
+@register(TEXT_PREFIX, needs=_needs)
 def build_text(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig) -> HFTextExtractor:
     return HFTextExtractor(cfg, features)

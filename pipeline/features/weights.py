@@ -184,6 +184,12 @@ def torchvision_checkpoint(weights: WeightsEnum) -> Published:
     return published_file(weights_name(weights), weights.url, cache_path(weights))
 
 
+def torchvision_needs(weights: str, enum: type[WeightsEnum]) -> list[Published]:
+    """What ``weights`` needs downloaded, for `vlcorpus fetch-models`."""
+    published = published_weights(weights, enum)
+    return [] if published is None else [torchvision_checkpoint(published)]
+
+
 def torchvision_state_dict(name: str, weights: WeightsEnum, off: str | None = None) -> dict[str, torch.Tensor]:
     """The state dict of published torchvision ``weights``, read through torchvision's API from
     its cache, where it is downloaded on first use unless ``off`` (or an offline switch) says
