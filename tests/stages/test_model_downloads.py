@@ -98,7 +98,10 @@ def test_a_text_model_is_downloaded_on_first_use_once_per_machine(tmp_path, mini
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [e.lines for e in errs]
             time.sleep(0.1)
         gate.set()
-        outs = [p.communicate(timeout=300)[0] for p in procs]
+        outs = [p.stdout.read() for p in procs]  # stderr is the readers' (communicate would race them)
+        for proc, err in zip(procs, errs):
+            proc.wait(timeout=300)
+            err.thread.join(timeout=60)
         sent = {r: n for r, n in hub.requests.items() if r.startswith("GET /org/minilm/resolve/")}
     files = [p for p in Path(minilm).rglob("*") if p.is_file()]
     assert len(sent) == len(files) and set(sent.values()) == {1}
