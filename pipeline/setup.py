@@ -1,6 +1,8 @@
 """What a build needs besides its config, checked before it does any work: each stage declares
 its check (``Stage.check``: binaries, packages, models, credentials), and a missing piece is
-one ``SetupError`` line that says what to do, instead of tracebacks after hours of downloads."""
+one ``SetupError`` line that says what to do, instead of tracebacks after hours of downloads.
+A check downloads no model: one that a build would download on first use passes, with a note
+(pipeline/modelcache.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pipeline.errors import SetupError
+from pipeline.modelcache import DownloadOnFirstUse, setup_check
 
 if TYPE_CHECKING:
     from pipeline.storage import Corpus
@@ -40,25 +43,34 @@ def require_package(module: str, what: str, extra: str | None = None) -> None:
         raise SetupError(f"{what} needs the {module} package: {how}") from None
 
 
-def check_stages(cfg: object, parts: Iterable[object]) -> None:
-    """Run the checks the stage parts declare, in order; the first problem stops the build."""
-    for part in parts:
-        check = getattr(part, "check", None)
-        if check is not None:
-            check(cfg)
+def check_stages(cfg: object, parts: Iterable[object]) -> list[str]:
+    """Run the checks the stage parts declare, in order; the first problem stops the build.
+    Returns the notes of the models a build will download on first use."""
+    notes = []
+    with setup_check():
+        for part in parts:
+            check = getattr(part, "check", None)
+            if check is None:
+                continue
+            try:
+                check(cfg)
+            except DownloadOnFirstUse as note:
+                notes.append(str(note))
+    return notes
 
 
-def stage_problems(cfg: object, parts: Iterable[object]) -> list[str]:
+def stage_problems(cfg: object, parts: Iterable[object]) -> tuple[list[str], list[str]]:
     """What ``check_stages`` would stop at, and every problem after it: one line each, the
-    build's own, once (two extractors missing the same package say it once)."""
+    build's own, once (two extractors missing the same package say it once); and its notes."""
     problems: list[str] = []
+    notes: list[str] = []
     for part in parts:
         try:
-            check_stages(cfg, [part])
+            notes += check_stages(cfg, [part])
         except SetupError as exc:
             if str(exc) not in problems:
                 problems.append(str(exc))
-    return problems
+    return problems, notes
 
 
 def root_problem(corpus: Corpus) -> str | None:

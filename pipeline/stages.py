@@ -14,6 +14,7 @@ from typing import Any
 from pipeline import align, discover, download, featurize, retention, scoring, transcribe
 from pipeline.config import Config
 from pipeline.graph import check_name, stages_until
+from pipeline.progress import log
 from pipeline.runner import RetryPolicy, Stage, StageContext, Step, run_stage, run_step
 from pipeline.setup import check_stages, require_package
 from pipeline.shards.stage import make_stage as shard_stage
@@ -58,9 +59,17 @@ def parts(name: str, cfg: Config) -> list[Stage | Step]:
 
 def check_build(cfg: Config, until: str | None = None, stage: str | None = None) -> None:
     """What the stages a build runs need (extras, models, weights, binaries), checked before
-    any work: the first problem raises a SetupError that says what to do."""
+    any work: the first problem raises a SetupError that says what to do. Models the build
+    will download on first use are logged, once per process (the command line checks before
+    the flow checks again)."""
     names = [stage] if stage else stages_until(until)
-    check_stages(cfg, [part for name in names for part in parts(name, cfg)])
+    for note in check_stages(cfg, [part for name in names for part in parts(name, cfg)]):
+        if note not in _NOTED:
+            _NOTED.add(note)
+            log.info("%s", note)
+
+
+_NOTED: set[str] = set()
 
 
 def run_local(name: str, ctx: StageContext) -> dict[str, Any]:

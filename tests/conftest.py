@@ -22,6 +22,9 @@ sys.path.insert(0, str(TESTS))
 # The builds a test session starts keep their Prefect database (limits, leases, variables)
 # apart from the user's ~/.prefect and from other sessions; set before Prefect is imported.
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vlcorpus-tests-prefect-"))
+# No test reaches the real model hubs: model downloads are off, except in the processes a test
+# points at a stand-in hub on 127.0.0.1 (tests/hubkit.py, hub_env).
+os.environ.setdefault("VLCORPUS_OFFLINE", "1")
 
 
 @pytest.fixture

@@ -2,9 +2,9 @@
 
 `AsrConfig.model` is a local model directory (holding model.bin, config.json, tokenizer.json,
 vocabulary.*) or a model name (tiny, tiny.en, base, small, ..., or a Hugging Face id such as
-Systran/faster-whisper-small). A name is looked up in the Hugging Face cache only: a build never
-downloads a model (nor waits on an unreachable Hub to learn that it cannot), and a model that
-is not there is an AsrSetupError, at once, that says how to provide it.
+Systran/faster-whisper-small). A name is looked up in the Hugging Face cache, and downloaded into
+it on first use where that is allowed and the Hub answers (pipeline/modelcache.py); a model that
+cannot be had is an AsrSetupError, within seconds, that says how to provide it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from faster_whisper.utils import download_model
 from pipeline.asr import SAMPLE_RATE, AsrSetupError
 from pipeline.config import AsrConfig
 from pipeline.device import pick_device
-from pipeline.hub import cache_folder
+from pipeline.hub import cache_folder, hub_model
 from pipeline.media import read_wav
+from pipeline.modelcache import FETCH_HINT, Published, obtain
 from pipeline.segment import Word
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,9 @@ def _is_hub_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
 
 
-def resolve_model(name: str) -> str:
-    """A local directory holding the model `name` (a path, a known size or a Hub id)."""
+def published_model(name: str) -> Published | None:
+    """The Hub model a model name (a size or a Hub id) stands for; None for a directory. An
+    unusable name is an AsrSetupError."""
     path = os.path.expanduser(name)
     if os.path.isdir(path):
         missing = [f for f in _MODEL_FILES if not os.path.isfile(os.path.join(path, f))]
@@ -62,7 +64,7 @@ def resolve_model(name: str) -> str:
                 f"faster-whisper model directory {name!r} lacks {', '.join(missing)}: it is "
                 f"not a CTranslate2 Whisper model; {_HOW_TO}"
             )
-        return path
+        return None
     if _looks_like_path(name):
         what = "is not a directory" if os.path.exists(path) else "does not exist"
         raise AsrSetupError(f"faster-whisper model directory {name!r} {what}; {_HOW_TO}")
@@ -71,20 +73,29 @@ def resolve_model(name: str) -> str:
             f"unknown faster-whisper model {name!r}: not a directory, not one of "
             f"{', '.join(available_models())} and not a Hugging Face id (org/name); {_HOW_TO}"
         )
-    try:
-        # The cache only (pipeline/hub.py says why): a size maps to its Hub id in here.
-        return download_model(name, local_files_only=True)
-    except Exception:  # noqa: BLE001 - not in the cache, whatever the library calls it
-        raise AsrSetupError(
+    # faster-whisper's own download: a size maps to its Hub id, and only its files are fetched.
+    return hub_model(_hub_id(name), lambda local_files_only: download_model(name, local_files_only=local_files_only))
+
+
+def resolve_model(name: str) -> str:
+    """A local directory holding the model `name` (a path, a known size or a Hub id)."""
+    model = published_model(name)
+    if model is None:
+        return os.path.expanduser(name)
+
+    def missing(reason: str) -> AsrSetupError:
+        return AsrSetupError(
             f"faster-whisper model {name!r} is neither a local directory nor in the local "
-            f"Hugging Face cache ({cache_folder()}), and a build never downloads one; {_HOW_TO}: "
-            f"`hf download {_hub_id(name)}`"
-        ) from None
+            f"Hugging Face cache ({cache_folder()}), and {reason}; {_HOW_TO}: "
+            f"`hf download {_hub_id(name)}`, or {FETCH_HINT}"
+        )
+
+    return obtain(model, "transcribe.asr.model", missing)
 
 
 def _hub_id(name: str) -> str:
-    """The Hub repository of a model size (small -> Systran/faster-whisper-small), or ``name``,
-    for messages: faster-whisper's own table, which is private, so read defensively."""
+    """The Hub repository of a model size (small -> Systran/faster-whisper-small), or ``name``:
+    faster-whisper's own table, which is private, so read defensively."""
     return getattr(whisper_utils, "_MODELS", {}).get(name, name)
 
 

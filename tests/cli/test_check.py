@@ -1,19 +1,21 @@
 """`vlcorpus check CONFIG`: what a build checks before any work and what it would do, without a
 build and without writing. Every starter of `vlcorpus init` passes once what it names is there
 (its list file, its models in the caches a user fills), and as written it says what is missing,
-one line each, without waiting on a Hub it cannot reach."""
+one line each, without waiting on a Hub it cannot reach; a model a build would download on
+first use is a warning, and `check` downloads nothing."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
 import stagekit
-from checkkit import TSM_FILE, listing, provide, put_models, starter, vlcorpus
-from hubkit import hub_env, unreachable_hub
+from checkkit import LISTS, TSM_FILE, listing, provide, put_models, starter, vlcorpus
+from hubkit import hub_env, stand_in_hub, unreachable_hub
 from pipeline.starter import STYLES
 from pipeline.storage import Corpus
 
@@ -43,23 +45,61 @@ def test_every_starter_passes_once_what_it_names_is_there(tmp_path, models, styl
     assert (listing(tmp_path), listing(models["hf_home"]), listing(models["torch_home"])) == before
 
 
-def test_a_starter_as_written_says_what_is_missing_without_the_network(tmp_path, models):
-    """Empty caches and a Hub that cannot be reached: one line per missing model, at once
-    (offline, the Whisper model's refusal took 19 s of connection retries)."""
+@pytest.mark.parametrize("offline", [False, True], ids=["hub unreachable", "VLCORPUS_OFFLINE"])
+def test_a_starter_as_written_says_what_is_missing_without_the_network(tmp_path, models, offline):
+    """Empty caches and a Hub that cannot be reached (or downloads off): one line per missing
+    model, at once (offline, the Whisper model's refusal took 19 s of connection retries)."""
     config = starter("spoken-moments", tmp_path)
     empty = tmp_path / "empty"
     with unreachable_hub() as hub:
-        result = vlcorpus("check", str(config), env=hub_env(empty / "hf", hub, TORCH_HOME=str(empty / "torch")))
-        assert hub.connections == 0
+        switch = {"VLCORPUS_OFFLINE": "1"} if offline else {}
+        env = hub_env(empty / "hf", hub, TORCH_HOME=str(empty / "torch"), **switch)
+        result = vlcorpus("check", str(config), env=env)
+        # Offline, none; else one probe, after which the hub is known to be down.
+        assert hub.connections == (0 if offline else 1)
     assert result.returncode == 2
     whisper, resnet, tsm = result.stderr.strip().splitlines()
+    why = ("it cannot be downloaded here: VLCORPUS_OFFLINE=1 turns model downloads off" if offline
+           else f"it cannot be downloaded: {hub.url} cannot be reached")
     assert whisper.startswith("faster-whisper model 'small' is neither a local directory nor in the local "
-                              f"Hugging Face cache ({empty / 'hf' / 'hub'})")
+                              f"Hugging Face cache ({empty / 'hf' / 'hub'}), and {why}")
     assert "`hf download Systran/faster-whisper-small`" in whisper
     assert resnet.startswith(f"resnet152: ResNet152_Weights.IMAGENET1K_V2 is not in the local cache: {empty / 'torch'}")
+    assert why in resnet and "`vlcorpus fetch-models CONFIG`" in resnet
     assert tsm.startswith(f"tsm_r50: weight file {tmp_path / 'models' / TSM_FILE} does not exist")
     assert f"warning: sources[0] (moments): {tmp_path / 'moments.csv'} does not exist" in result.stdout
     assert not (tmp_path / "corpora").exists() and not empty.exists()
+
+
+def test_a_model_a_build_would_download_is_a_warning_and_nothing_is_downloaded(tmp_path, models):
+    """With the hubs reachable, models missing from the caches do not stop a build (it downloads
+    them on first use): `check` says so, asks each hub whether it has them, and fetches nothing."""
+    import torchvision
+
+    from speech import tiny_model_path
+
+    config = starter("spoken-moments", tmp_path)
+    provide("spoken-moments", config, models)
+    (tmp_path / "moments.csv").write_text(LISTS["spoken-moments"][1])
+    resnet = urlparse(torchvision.models.ResNet152_Weights.DEFAULT.url).path
+    empty = tmp_path / "empty"
+    with stand_in_hub({"Systran/faster-whisper-small": tiny_model_path()}, {resnet: models["tsm"]}) as hub:
+        result = vlcorpus("check", str(config), env=hub_env(empty / "hf", hub, TORCH_HOME=str(empty / "torch")))
+        assert set(hub.requests) == {"GET /api/models/Systran/faster-whisper-small/revision/main", f"HEAD {resnet}"}
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: transcribe.asr.model: Hugging Face model 'Systran/faster-whisper-small' is not in the local cache "
+        f"({empty / 'hf' / 'hub'}): a build downloads it there from {hub.url}/Systran/faster-whisper-small on first "
+        f"use, once per machine; for workers without internet, `vlcorpus fetch-models CONFIG` fetches every model "
+        f"a config needs",
+        f"warning: resnet152: ResNet152_Weights.IMAGENET1K_V2 is not in the local cache "
+        f"({empty / 'torch' / 'hub' / 'checkpoints'}): a build downloads it there from {hub.url}{resnet} on first "
+        f"use, once per machine; for workers without internet, `vlcorpus fetch-models CONFIG` fetches every model "
+        f"a config needs",
+    ]
+    assert result.stdout.splitlines()[-1] == f"a build could start: vlcorpus build {config}"
+    assert not empty.exists()
 
 
 SUBTITLES_ONLY = "sources:\n  - type: urls\n    urls: [http://127.0.0.1:9/x]\ntranscribe:\n  prefer: [manual, auto]\n"

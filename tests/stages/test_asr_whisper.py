@@ -10,7 +10,7 @@ import wave
 import numpy as np
 import pytest
 from conftest import require_binaries
-from hubkit import cache_model, hub_env, unreachable_hub
+from hubkit import Hub, hub_env, stand_in_hub, unreachable_hub
 from speech import tiny_model_path, wer
 
 from pipeline.asr import AsrSetupError, get_backend, transcribe_media
@@ -155,9 +155,11 @@ def test_english_only_model_rejects_other_languages():
         get_backend(AsrConfig(model=tiny_model_path(), device="cpu", language="de"))
 
 
-def test_a_model_name_is_looked_up_in_the_cache_without_the_network(tmp_path):
-    """A named model missing from the cache is refused without asking the Hub (which, offline,
-    cost 19 s of connection retries to say the same); one in the cache loads, also without it."""
+def test_a_model_name_is_downloaded_on_first_use_into_the_hugging_face_cache(tmp_path):
+    """A named model missing from the cache is refused at once where the Hub cannot be reached
+    (asking faster-whisper to find that out cost 19 s of connection retries) or downloads are
+    off; a reachable Hub sends it (faster-whisper's files only); then it loads from the cache
+    without the network."""
     require_binaries("ffmpeg")
     silence = tmp_path / "silence.wav"
     with wave.open(str(silence), "wb") as wav:
@@ -167,18 +169,28 @@ def test_a_model_name_is_looked_up_in_the_cache_without_the_network(tmp_path):
         wav.writeframes(b"\0\0" * 16000)
     hf_home = tmp_path / "hf"
 
-    def transcript(model: str) -> subprocess.CompletedProcess:
+    def transcript(hub: Hub, **env: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "pipeline.cli", "transcript", str(silence),
-                               "--model", model], env=hub_env(hf_home, hub), capture_output=True,
+                               "--model", "tiny.en"], env=hub_env(hf_home, hub, **env), capture_output=True,
                               text=True, timeout=300)
 
     with unreachable_hub() as hub:
-        missing = transcript("tiny.en")
-        assert missing.returncode == 1
-        [line] = missing.stderr.strip().splitlines()
-        assert "'tiny.en' is neither a local directory nor in the local Hugging Face cache" in line
+        unreachable = transcript(hub)
+        assert hub.connections == 1
+        offline = transcript(hub, HF_HUB_OFFLINE="1")
+        assert hub.connections == 1
+    for result, why in ((unreachable, f"it cannot be downloaded: {hub.url} cannot be reached"),
+                        (offline, "it cannot be downloaded here: HF_HUB_OFFLINE=1 turns Hugging Face downloads off")):
+        assert result.returncode == 1
+        [line] = result.stderr.strip().splitlines()
+        assert "'tiny.en' is neither a local directory nor in the local Hugging Face cache" in line and why in line
         assert str(hf_home / "hub") in line and "`hf download Systran/faster-whisper-tiny.en`" in line
-        cache_model(hf_home, "Systran/faster-whisper-tiny.en", tiny_model_path())
-        cached = transcript("tiny.en")
+    with stand_in_hub({"Systran/faster-whisper-tiny.en": tiny_model_path()}) as hub:
+        fetched = transcript(hub)
+        assert fetched.returncode == 0, fetched.stderr
+        sent = sorted(r.rsplit("/", 1)[1] for r in hub.requests if r.startswith("GET /Systran/"))
+        assert sent == ["config.json", "model.bin", "tokenizer.json", "vocabulary.txt"]
+    with unreachable_hub() as hub:
+        cached = transcript(hub)
         assert cached.returncode == 0, cached.stderr
         assert hub.connections == 0

@@ -160,13 +160,16 @@ def test_resnet_weight_file_loads_and_errors_name_the_file(tmp_path) -> None:
         _build("resnet34", weights=str(wrong_shape))
 
 
-def test_default_weights_come_from_the_torch_cache_only(tmp_path, monkeypatch) -> None:
+def test_default_weights_come_from_the_torch_cache(tmp_path, monkeypatch) -> None:
+    """Where downloads are off (the tests' VLCORPUS_OFFLINE=1; tests/stages/test_model_downloads.py
+    has them on), a missing file is refused with where it goes and where it comes from."""
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     expected = tmp_path / "hub" / "checkpoints" / "resnet34-b627a593.pth"
     with pytest.raises(WeightsError) as info:
         _build("resnet34")
     message = str(info.value)
     assert str(expected) in message and "https://download.pytorch.org/models/resnet34-b627a593.pth" in message
+    assert "it cannot be downloaded here: VLCORPUS_OFFLINE=1 turns model downloads off" in message
     # Put a file where torchvision's cache keeps it: it loads through torchvision's API.
     expected.parent.mkdir(parents=True)
     torch.save(torchvision.models.resnet34().state_dict(), expected)
@@ -324,18 +327,20 @@ for name in sys.argv[1:]:
 
 def test_a_text_model_id_is_looked_up_in_the_cache_without_the_network(tmp_path, minilm) -> None:
     """transformers asks the Hub for its request headers even for a cache-only load: a model id
-    is found on disk first, so neither a missing model nor a cached one waits on the network."""
+    is found on disk first, so a cached one needs no network; a missing one is probed for once,
+    to be downloaded (tests/stages/test_model_downloads.py), here refused at once."""
     hf_home = tmp_path / "hf"
     cache_model(hf_home, "some-org/minilm", minilm)
     with unreachable_hub() as hub:
         result = subprocess.run([sys.executable, "-c", _LOAD_TEXT, "text:some-org/minilm", "text:some-org/absent"],
                                 env=hub_env(hf_home, hub), capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
-        assert hub.connections == 0
+        assert hub.connections == 1  # the missing model's probe
     cached, missing = result.stdout.strip().splitlines()
     assert cached == f"hf:some-org/minilm@{COMMIT[:12]}"
     assert missing.startswith(f"text:some-org/absent: no local copy of the Hugging Face model 'some-org/absent' "
-                              f"(looked in the cache {hf_home / 'hub'}; not in it)")
+                              f"(looked in the cache {hf_home / 'hub'}; not in it), and it cannot be downloaded: "
+                              f"{hub.url} cannot be reached")
 
 
 # ---------------------------------------------------------------- preprocessing
