@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import ssl
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
@@ -81,6 +82,20 @@ class StageStopped(Exception):
 # Errors of the machine rather than of the item: retrying later may succeed.
 _TRANSIENT_ERRNOS = {errno.ENOSPC, errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET}
 
+# A failure of the network or of the machine's way to it, as yt-dlp, urllib3 and the OS word it:
+# name resolution, connections refused, reset or unreachable, TLS handshakes, proxies and
+# time-outs. Never a verdict on the item. Earlier versions judged name-resolution failures
+# permanent; planning reads such rows as transient (pipeline/runner/plan.py). One pattern for
+# Python's re and Arrow's RE2, matched ignoring case.
+NETWORK_FAILURE = (
+    r"timed? ?out|Connection (reset|refused|aborted)|Remote end closed|IncompleteRead"
+    r"|RemoteDisconnected|Temporary failure|EOF occurred|Broken pipe|BadStatusLine"
+    r"|Errno (10[1345]|11[013]|32|-[235])\b|Failed to resolve|Name or service not known"
+    r"|nodename nor servname|getaddrinfo failed|No address associated with hostname"
+    r"|Network is unreachable|No route to host|Failed to establish a new connection"
+    r"|SSL(Error|:)|\bTLS\b|handshake|ProxyError|Unable to connect to proxy|Tunnel connection failed"
+)
+
 INTERNAL_PREFIX = "internal error"
 # What earlier versions wrote for the same failures, with the kind permanent: planning retries
 # those rows as internal ones (pipeline/runner/plan.py), so no video stays lost to them.
@@ -95,7 +110,7 @@ def classify(exc: BaseException) -> tuple[ErrorKind, str]:
     if isinstance(exc, StageError):
         return exc.kind, str(exc) or type(exc).__name__
     message = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
-    if isinstance(exc, (TimeoutError, ConnectionError, socket.timeout)):
+    if isinstance(exc, (TimeoutError, ConnectionError, socket.timeout, socket.gaierror, ssl.SSLError)):
         return ErrorKind.TRANSIENT, message
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return ErrorKind.TRANSIENT, message

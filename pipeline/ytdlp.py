@@ -17,7 +17,7 @@ from yt_dlp.networking.exceptions import RequestError
 from yt_dlp.utils import parse_bytes
 
 from pipeline.config import DownloadConfig
-from pipeline.errors import ErrorKind, PermanentError, StageError, error
+from pipeline.errors import NETWORK_FAILURE, ErrorKind, PermanentError, StageError, error
 from pipeline.progress import log
 from pipeline.ytdlp_args import browser_cookies, extractor_args, preset_options
 
@@ -34,9 +34,8 @@ _KINDS: list[tuple[re.Pattern[str], ErrorKind]] = [
         (r"\bnot a bot\b|try again later|has been rate-limited|HTTP Error 429|Too Many Requests"
          r"|Your IP is likely being blocked|requiring a captcha", ErrorKind.BLOCKED),
         (r"HTTP Error 5\d\d", ErrorKind.TRANSIENT),
-        (r"timed? ?out|Connection (reset|refused|aborted)|Remote end closed|IncompleteRead"
-         r"|RemoteDisconnected|Temporary failure|EOF occurred|Broken pipe|BadStatusLine"
-         r"|Errno 10[45]|Errno 111|Errno 32", ErrorKind.TRANSIENT),
+        # The network or the machine, not the video (a DNS outage is no verdict on it).
+        (NETWORK_FAILURE, ErrorKind.TRANSIENT),
         (r"HTTP Error (404|410|401)|Private video|Video unavailable|has been removed"
          r"|no longer available|account .* terminated|not (made )?available in your country"
          r"|not available from your location|geo.?restrict|members.only|members on level"

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from pipeline.errors import LEGACY_INTERNAL_PREFIX, ErrorKind
+from pipeline.errors import LEGACY_INTERNAL_PREFIX, NETWORK_FAILURE, ErrorKind
 from pipeline.runner.stage import Item, Stage, StageContext, StageReport
 from pipeline.storage import Corpus
 
@@ -21,10 +21,14 @@ FINAL_KINDS = (ErrorKind.PERMANENT.value, ErrorKind.BAD_INPUT.value)
 
 # The kind an errors row counts as, read with it: its own, but internal for the rows that
 # earlier versions wrote as permanent when our own code failed ("unexpected TypeError: ..."),
-# so that the next run retries those items instead of skipping them for good.
-KIND = pc.if_else((ds.field("kind") == ErrorKind.PERMANENT.value)
-                  & pc.starts_with(ds.field("message"), LEGACY_INTERNAL_PREFIX),
-                  ErrorKind.INTERNAL.value, ds.field("kind"))
+# and transient for those they wrote as permanent when the network failed (a name that did not
+# resolve), so that the next run retries those items instead of skipping them for good.
+_PERMANENT = ds.field("kind") == ErrorKind.PERMANENT.value
+KIND = pc.if_else(_PERMANENT & pc.starts_with(ds.field("message"), LEGACY_INTERNAL_PREFIX),
+                  ErrorKind.INTERNAL.value,
+                  pc.if_else(_PERMANENT & pc.match_substring_regex(ds.field("message"), NETWORK_FAILURE,
+                                                                   ignore_case=True),
+                             ErrorKind.TRANSIENT.value, ds.field("kind")))
 
 
 def stage_errors(corpus: Corpus, stage: str, partition: str) -> pa.Table:

@@ -97,6 +97,20 @@ _RATE_LIMITED = ("has been rate-limited by YouTube for up to an hour. It is reco
     ("[youtube] abc: Unable to download API page: HTTP Error 429: Too Many Requests", "blocked"),
     # Retried within the run.
     ("Unable to download webpage: HTTP Error 503: Service Unavailable", "transient"),
+    # The network or the machine, never the video: name resolution, refused and unreachable
+    # connections, TLS, proxies (yt-dlp's own words, as an offline machine gets them).
+    ("[youtube] dQw4w9WgXcQ: Unable to download API page: HTTPSConnection(host='www.youtube.com', "
+     "port=443): Failed to resolve 'www.youtube.com' ([Errno -2] Name or service not known) (caused by "
+     "TransportError(\"...\"))", "transient"),
+    ("[generic] page: Unable to download webpage: <urlopen error [Errno -3] Temporary failure in name "
+     "resolution>", "transient"),
+    ("[generic] x: Unable to download webpage: HTTPConnection(host='127.0.0.1', port=9): Failed to "
+     "establish a new connection: [Errno 111] Connection refused", "transient"),
+    ("[generic] x: Unable to download webpage: [Errno 101] Network is unreachable", "transient"),
+    ("[generic] x: Unable to download webpage: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify "
+     "failed: unable to get local issuer certificate (_ssl.c:1006)", "transient"),
+    ("[generic] x: Unable to download webpage: ('Unable to connect to proxy', OSError('Tunnel "
+     "connection failed: 407 Proxy Authentication Required'))", "transient"),
     # The video's own, although yt-dlp gives them the same cookies hint as the bot check.
     (f"[youtube] abc: Private video. Sign in if you've been granted access to this video. "
      f"{_HINT}", "permanent"),
@@ -137,6 +151,20 @@ def test_secrets_stay_out_of_errors_and_logs(tmp_path, caplog):
     messages = " ".join(ctx.corpus.read("errors").column("message").to_pylist())
     assert "proxy" in messages.lower() or "connect" in messages.lower()
     assert SECRET not in messages and SECRET not in caplog.text
+
+
+def test_a_name_that_does_not_resolve_is_no_verdict_on_the_video(tmp_path):
+    """Real yt-dlp on a machine where names do not resolve (``.invalid`` never does, as every
+    name during a DNS outage): the video is transient, to do again, never judged lost."""
+    cfg = _cfg([{"type": "urls", "urls": ["http://vlcorpus-test.invalid/page.html"]}])
+    ctx = context(Corpus(str(tmp_path)), cfg)
+    discover(ctx)
+    report = run_stage(download.STAGE, ctx, batch_size=4)
+    assert report.errors == {"transient": 1}
+    (message,) = ctx.corpus.read("errors").column("message").to_pylist()
+    assert "Failed to resolve 'vlcorpus-test.invalid'" in message
+    again = run_stage(download.STAGE, ctx, batch_size=4)  # no --retry-failed
+    assert (again.skipped_failed, again.items, again.errors) == (0, 1, {"transient": 1})
 
 
 @pytest.mark.slow

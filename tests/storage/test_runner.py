@@ -78,6 +78,26 @@ def test_items_an_earlier_version_failed_for_good_on_its_own_bug_are_retried(mem
     assert set(ctx.corpus.done("downloads")) == set(ids) - {"demo-gone1"}
 
 
+def test_items_an_earlier_version_judged_lost_when_the_network_failed_are_retried(memory_root):
+    """Earlier versions wrote a name that did not resolve (a DNS outage, a machine whose network
+    was not up) as permanent: the next run retries those items, and ``status`` counts them as
+    transient, to do; a 404 keeps its verdict."""
+    ctx = _ctx(memory_root)
+    ids = stagekit.make_videos(ctx.corpus, 3, extra=("gone1",), partitions=1)
+    legacy = [error_row("download", ids[0], "permanent", "[youtube] dQw4w9WgXcQ: Unable to download API page: "
+                        "HTTPSConnection(host='www.youtube.com', port=443): Failed to resolve 'www.youtube.com' "
+                        "([Errno -2] Name or service not known)", 1),
+              error_row("download", ids[1], "permanent", "[generic] x: Unable to download webpage: <urlopen "
+                        "error [Errno -3] temporary failure in name resolution>", 1),
+              error_row("download", "demo-gone1", "permanent", "HTTP Error 404: Not Found", 1)]
+    ctx.corpus.write_batch("errors", legacy, "old", "00000")
+    counts = partition_counts(stagekit.DOWNLOAD, ctx, "00000")
+    assert counts.failed == {"transient": 2, "permanent": 1} and counts.todo == 3
+    report = run_stage(stagekit.DOWNLOAD, ctx, batch_size=10)
+    assert (report.skipped_failed, report.ok) == (1, 3)
+    assert set(ctx.corpus.done("downloads")) == set(ids) - {"demo-gone1"}
+
+
 def test_rerun_skips_done_and_permanent_failures(memory_root):
     ctx = _ctx(memory_root)
     stagekit.make_videos(ctx.corpus, 5, extra=("bad1",))
