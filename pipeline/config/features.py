@@ -83,7 +83,16 @@ class FeaturesConfig(BaseModel):
         "auto", description="auto: bf16 on GPUs that have it, else fp16 on GPU, fp32 on CPU"
     )
     compile: bool = False
-    decode_workers: int = Field(2, ge=1, description="threads decoding videos ahead of the model")
+    decode: Literal["auto", "cpu", "nvdec"] = Field(
+        "auto", description="where frames are decoded: nvdec on the GPU's video decoder "
+        "(PyNvVideoCodec, the gpu extra; a setup error where it is missing), cpu in worker "
+        "processes, auto nvdec when the features run on a GPU that has it, else cpu (the log says why)"
+    )
+    decode_workers: int | None = Field(
+        None, ge=1, description="processes decoding videos ahead of the model (threads with nvdec); "
+        "None: one per CPU this process may use (set it to the cores per GPU when several GPU "
+        "workers share a machine)"
+    )
     queue_size: int = Field(8, ge=1, description="decoded clips waiting for the model")
     clips_per_commit: int = Field(256, ge=1, description="clips per committed batch")
 
