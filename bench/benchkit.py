@@ -67,6 +67,16 @@ def _lavfi(source: str, args: str) -> Iterator[av.VideoFrame | av.AudioFrame]:
             return
 
 
+def pyav_decode(path: str, threads: int) -> int:
+    """Every frame of ``path`` decoded by PyAV (``threads`` decoder threads, 0: FFmpeg's choice)
+    and nothing else done with it; returns how many."""
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        stream.codec_context.thread_count = threads
+        return sum(1 for _ in container.decode(stream))
+
+
 def _sentences(rng: random.Random, seconds: float) -> list[Sentence]:
     """Back-to-back sentences from 0 s that end at least 0.5 s before the video does (the
     last caption stays up 0.3 s longer)."""

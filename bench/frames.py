@@ -26,7 +26,7 @@ from typing import Any
 
 import av
 import numpy as np
-from benchkit import make_test_video, timed
+from benchkit import make_test_video, pyav_decode, timed
 
 from pipeline.media import FrameRequest, FrameSpec, probe, sample_frames
 from pipeline.media import frames as media_frames
@@ -65,15 +65,6 @@ def one_pass(path: str, clips: list[FrameRequest], threads: int) -> tuple[int, i
     finally:
         media_frames._decoded = inner
     return frames, decoded
-
-
-def pyav_decode(path: str, threads: int) -> int:
-    """Every frame decoded by PyAV and nothing else done with it; returns how many."""
-    with av.open(path) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        stream.codec_context.thread_count = threads
-        return sum(1 for _ in container.decode(stream))
 
 
 def per_clip(path: str, clips: list[FrameRequest]) -> int:
