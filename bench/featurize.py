@@ -124,9 +124,13 @@ def nvdec_decode(path: str) -> int:
     stream = torch.cuda.Stream()
     torch.empty(1, device="cuda")  # torch's context current on this thread, for the decoder
     demuxer, decoder = nvdec.open_decoder(path, stream)
-    frames = sum(len(decoder.Decode(packet)) for packet in demuxer)
-    stream.synchronize()
-    return frames
+    frames = 0
+    while True:
+        packet = demuxer.Demux()  # empty at the end: decoding it flushes the decoder
+        frames += len(decoder.Decode(packet))
+        if packet.bsl == 0:
+            stream.synchronize()
+            return frames
 
 
 def nvdec_ceiling(videos: list[Path], threads: int) -> float:

@@ -43,9 +43,8 @@ def unavailable() -> str | None:
         return "PyNvVideoCodec is not installed (pip install 'vlcorpus[gpu]')"
     except Exception as exc:  # noqa: BLE001 - it raises RuntimeError when the driver's libraries are missing
         return f"PyNvVideoCodec does not load: {str(exc).strip().splitlines()[0]}"
-    try:
-        caps = nvc.GetDecoderCaps(gpuid=torch.cuda.current_device(), codec=nvc.cudaVideoCodec.H264,
-                                  chromaformat=nvc.cudaVideoChromaFormat.YUV420, bitdepth=8)
+    try:  # its defaults: H.264, 4:2:0, 8 bits
+        caps = nvc.GetDecoderCaps(gpuid=torch.cuda.current_device())
     except Exception as exc:  # noqa: BLE001 - no decoder library or engine
         return f"the GPU's decoder does not answer: {exc}"
     if not caps.get("supported"):
@@ -83,7 +82,7 @@ def unsupported(path: str, gpu: int) -> str | None:
     demuxer = nvc.CreateDemuxer(filename=path)
     codec, chroma, depth = demuxer.GetNvCodecId(), demuxer.ChromaFormat(), demuxer.BitDepth()
     caps = nvc.GetDecoderCaps(gpuid=gpu, codec=codec, chromaformat=chroma, bitdepth=depth)
-    what = f"{codec.name} {chroma.name} {depth}-bit"
+    what = f"{_label(codec)} {_label(chroma)} {depth}-bit"
     if not caps.get("supported"):
         return f"{what} is not supported by this GPU's decoder"
     width, height = demuxer.Width(), demuxer.Height()
@@ -91,6 +90,11 @@ def unsupported(path: str, gpu: int) -> str | None:
             and caps["height_min"] <= height <= caps["height_max"]):
         return f"{what} at {width}x{height} is outside this GPU's decoder's sizes"
     return None
+
+
+def _label(member: object) -> str:
+    """The name of one of PyNvVideoCodec's enum members ("H264" of cudaVideoCodec.H264)."""
+    return str(member).rsplit(".", 1)[-1]
 
 
 class _GpuImages:
@@ -148,7 +152,8 @@ def _decoded(path: str, stream: torch.cuda.Stream, offset: float,
     demuxer, decoder = open_decoder(path, stream)
     base = demuxer.GetTimebaseNum() / demuxer.GetTimebaseDen()
     position = float("-inf")
-    for packet in demuxer:
+    while True:
+        packet = demuxer.Demux()  # at the end, an empty packet: decoding it flushes the decoder
         for frame in decoder.Decode(packet):
             time_s = frame.getPTS() * base - offset
             if time_s <= position:
@@ -157,6 +162,8 @@ def _decoded(path: str, stream: torch.cuda.Stream, offset: float,
             yield time_s, torch.from_dlpack(frame).clone()
             if next_time() is None:
                 return
+        if packet.bsl == 0:
+            return
 
 
 def _current_context() -> int:
@@ -200,13 +207,13 @@ class NvdecPool(FeederPool):
     """``threads`` threads decoding on the GPU of ``device``, each on a CUDA stream of its own."""
 
     def __init__(self, threads: int, device: torch.device) -> None:
-        self.device = device
+        self.gpu = device.index if device.index is not None else torch.cuda.current_device()
         super().__init__(threads)
 
     def _open(self) -> torch.cuda.Stream:
-        torch.cuda.set_device(self.device)
-        torch.empty(1, device=self.device)  # torch's context current on this thread
-        return torch.cuda.Stream(self.device)
+        torch.cuda.set_device(self.gpu)
+        torch.empty(1, device=f"cuda:{self.gpu}")  # torch's context made current on this thread
+        return torch.cuda.Stream(f"cuda:{self.gpu}")
 
     def _run(self, stream: torch.cuda.Stream, call: _Call, path: str,
              requests: Sequence[FrameRequest]) -> Iterator[tuple[str, Any]]:
