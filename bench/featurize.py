@@ -15,7 +15,7 @@ clips of 3 s every 1.5 s (neighbours overlap), each extractor prints frames/s of
 Goals on one H100 with 16 cores: resnet50 at 2 fps >= 1,300 frames/s, s3d >= 3,000,
 tsm_r50 >= 2,000 for (d).
 Usage: python bench/featurize.py [--extractors resnet50 s3d tsm_r50] [--videos 16]
-       [--seconds 60] [--batch 128] [--workers N] [--size 854x480]
+       [--seconds 60] [--batch 128] [--workers N] [--size 854x480] [--crop 224]
 """
 
 from __future__ import annotations
@@ -78,12 +78,13 @@ def make_corpus(root: Path, videos: list[Path], seconds: int) -> list[dict]:
     return clips
 
 
-def config(name: str, batch: int, decode: str, workers: int | None) -> Config:
+def config(name: str, args: argparse.Namespace, decode: str) -> Config:
     return parse_config({
         "name": "bench", "sources": [{"type": "urls", "urls": ["http://x/"]}],
-        "features": {"extractors": [{"name": name, "weights": "none", "batch_size": batch,
+        "frames": {"short_side": args.crop * 256 // 224, "crop": args.crop},
+        "features": {"extractors": [{"name": name, "weights": "none", "batch_size": args.batch,
                                      **SAMPLING.get(name, {})}],
-                     "decode": decode, "decode_workers": workers, "clips_per_commit": 100_000}})
+                     "decode": decode, "decode_workers": args.workers, "clips_per_commit": 100_000}})
 
 
 def model_alone(cfg: Config, name: str, clips: list[dict], batch: int) -> float:
@@ -236,6 +237,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128, help="clips per model batch")
     parser.add_argument("--workers", type=int, default=None,
                         help="features.decode_workers (default: one per CPU)")
+    parser.add_argument("--crop", type=int, default=224, help="model input (short side 256/224 of it)")
     args = parser.parse_args()
     have_nvdec = nvdec.unavailable() is None
     with tempfile.TemporaryDirectory(prefix="vlcorpus-bench-") as tmp:
@@ -255,7 +257,7 @@ def main() -> None:
         video_frames = args.videos * args.seconds * FPS
         nv_decoded = None
         for name in args.extractors:
-            cfg = config(name, args.batch, "cpu", args.workers)
+            cfg = config(name, args, "cpu")
             extractor = extractor_for(cfg, name)
             frames = sum(len(frame_times(FrameRequest(c["clip_id"], c["start_s"], c["end_s"],
                                                       extractor.spec))) for c in clips)
@@ -273,7 +275,7 @@ def main() -> None:
                       f"                   {nv_decoded:9.0f} decoded frames/s = "
                       f"{nv_decoded * per_decoded:.0f} clip frames/s")
             for decode in ["cpu", "nvdec"] if have_nvdec else ["cpu"]:
-                cfg = config(name, args.batch, decode, args.workers)
+                cfg = config(name, args, decode)
                 seconds, busy = whole_stage(work / "corpus", cfg)
                 gpu_line = (f"; GPU busy {sum(busy) / len(busy):.0f}% (median {sorted(busy)[len(busy) // 2]}%)"
                             if busy else "")
