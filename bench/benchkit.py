@@ -32,13 +32,13 @@ _OBJECTS = ["a wide window", "a red sofa", "two lamps", "the morning light", "a 
 
 
 def make_test_video(path: str, seconds: int, audio: bool = False, keyframe_s: float = 10,
-                    size: str = "854x480") -> None:
-    """A 25 fps H.264 test pattern (FFmpeg's testsrc2) of ``size`` (ultrafast, a keyframe every
-    ``keyframe_s``), with a sine tone (AAC) if ``audio``. Made with PyAV, so it needs no
-    ffmpeg binary (the GPU machines have none)."""
+                    size: str = "854x480", preset: str = "ultrafast") -> None:
+    """A 25 fps H.264 test pattern (FFmpeg's testsrc2) of ``size`` (x264 ``preset``: ultrafast
+    makes no B-frames, the others do; a keyframe every ``keyframe_s``), with a sine tone (AAC)
+    if ``audio``. Made with PyAV, so it needs no ffmpeg binary (the GPU machines have none)."""
     width, height = (int(n) for n in size.split("x"))
     with av.open(path, "w") as out:
-        video = out.add_stream("libx264", rate=FPS, options={"preset": "ultrafast", "crf": "23"})
+        video = out.add_stream("libx264", rate=FPS, options={"preset": preset, "crf": "23"})
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         video.codec_context.gop_size = round(keyframe_s * FPS)
         tone = out.add_stream("aac", rate=44100) if audio else None

@@ -8,9 +8,12 @@ fps, scale, crop, raw RGB into numpy), (c) a plain full decode (`ffmpeg -i v.mp4
 (d) PyAV's plain decode of every frame (the same decoder threads as (a)), and the ratios (b)/(a)
 (higher is better), (a)/(c) (the cost over decoding everything) and the decoded frames/s of (a)
 against (d) (what sampling costs per decoded frame; (a) skips what no clip wants by seeking, so
-it also decodes fewer frames). Without an ffmpeg binary, (b) and (c) are left out.
+it also decodes fewer frames), and (e) (a) with skip_nonref (FFmpeg's skip_frame nonref: only
+frames other frames refer to are decoded; the default ultrafast video has no B-frames, so
+--preset veryfast shows it). Without an ffmpeg binary, (b) and (c) are left out.
 Each is the best of --repeats rounds, taken in turns (shared machines are noisy).
-Usage: python bench/frames.py [--video PATH] [--clips 150] [--seconds 600] [--threads 0] [--seed 0] [--repeats 3]
+Usage: python bench/frames.py [--video PATH] [--clips 150] [--seconds 600] [--threads 0] [--preset ultrafast]
+       [--seed 0] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def make_clips(duration_s: float, count: int, seed: int) -> list[FrameRequest]:
     return clips
 
 
-def one_pass(path: str, clips: list[FrameRequest], threads: int) -> tuple[int, int]:
+def one_pass(path: str, clips: list[FrameRequest], threads: int,
+             skip_nonref: bool = False) -> tuple[int, int]:
     """(frames sampled, frames decoded) of one ``sample_frames`` pass."""
     decoded = 0
     inner = media_frames._decoded
@@ -58,7 +62,7 @@ def one_pass(path: str, clips: list[FrameRequest], threads: int) -> tuple[int, i
     media_frames._decoded = counting
     try:
         frames = 0
-        for key, result in sample_frames(path, clips, threads=threads):
+        for key, result in sample_frames(path, clips, threads, skip_nonref):
             if isinstance(result, Exception):
                 raise SystemExit(f"{key}: {result}")
             frames += len(result)
@@ -91,6 +95,8 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=150)
     parser.add_argument("--seconds", type=int, default=600, help="length of the generated video")
     parser.add_argument("--threads", type=int, default=0, help="decoder threads (0: FFmpeg's choice)")
+    parser.add_argument("--preset", default="ultrafast", help="x264 preset of the generated video "
+                        "(ultrafast has no B-frames, for (e) use e.g. veryfast)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
@@ -99,7 +105,7 @@ def main() -> None:
         if path is None:
             path = os.path.join(tmp, "v.mp4")
             print(f"generating a {args.seconds} s 854x480 video ...", flush=True)
-            make_test_video(path, args.seconds)
+            make_test_video(path, args.seconds, preset=args.preset)
         info = probe(path)
         clips = make_clips(info.duration_s, args.clips, args.seed)
         covered = sum(c.end_s - c.start_s for c in clips)
@@ -110,8 +116,10 @@ def main() -> None:
         rounds = [(timed(one_pass, path, clips, args.threads),
                    timed(per_clip, path, clips) if cli else (0.0, 0),
                    timed(full_decode, path) if cli else (0.0, None),
-                   timed(pyav_decode, path, args.threads)) for _ in range(args.repeats)]
-        (t_a, (n_a, decoded_a)), (t_b, n_b), (t_c, _), (t_d, n_d) = (min(times) for times in zip(*rounds))
+                   timed(pyav_decode, path, args.threads),
+                   timed(one_pass, path, clips, args.threads, True)) for _ in range(args.repeats)]
+        (t_a, (n_a, decoded_a)), (t_b, n_b), (t_c, _), (t_d, n_d), (t_e, (_, decoded_e)) = (
+            min(times) for times in zip(*rounds))
         print(f"best of {args.repeats} rounds:")
         print(f"(a) sample_frames, one pass       {t_a:7.2f}s  {n_a} frames sampled, {decoded_a} decoded "
               f"({decoded_a / t_a:.0f} decoded frames/s)")
@@ -119,6 +127,8 @@ def main() -> None:
             print(f"(b) one ffmpeg process per clip   {t_b:7.2f}s  {n_b} frames")
             print(f"(c) full decode, ffmpeg -f null   {t_c:7.2f}s")
         print(f"(d) full decode, PyAV             {t_d:7.2f}s  {n_d} frames ({n_d / t_d:.0f} decoded frames/s)")
+        print(f"(e) (a) skipping non-ref frames   {t_e:7.2f}s  {decoded_e} decoded: (a)/(e) = {t_a / t_e:.2f}x "
+              f"the speed (with B-frames; each time then takes the nearest decoded frame)")
         if cli:
             print(f"(b)/(a) = {t_b / t_a:.1f}x faster (goal >= 5)   (a)/(c) = {t_a / t_c:.2f} (goal <= 1.5)")
         print(f"decoded frames/s (a)/(d) = {decoded_a / t_a / (n_d / t_d):.2f} (goal >= 0.8)")

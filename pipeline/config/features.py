@@ -22,6 +22,12 @@ class FramesConfig(BaseModel):
     short_side: int = Field(256, gt=0)
     crop: int = Field(224, gt=0, description="center crop, square")
     decode_threads: int = Field(2, ge=1)
+    skip_nonref: bool = Field(
+        False, description="decode only the frames other frames refer to (FFmpeg skip_frame "
+        "nonref; CPU decoding only): about 1.6x faster on video with B-frames; a sample time then "
+        "takes the nearest decoded frame, at most half the longest run of skipped frames away "
+        "(one frame with x264's defaults)"
+    )
 
     @model_validator(mode="after")
     def _crop_fits(self) -> "FramesConfig":

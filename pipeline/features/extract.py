@@ -84,7 +84,7 @@ def _decoded(items: Sequence[Item], extractor: VisualExtractor, ctx: StageContex
         jobs = plan_jobs(videos, 1)
     else:
         pool = shared_pool(processes)
-        jobs = plan_jobs(videos, pool.size)
+        jobs = plan_jobs(videos, pool.size, ctx.config.frames.skip_nonref)
     yield from pool.sample(jobs, ctx.corpus.local_file, depth, _host_buffer(extractor.device),
                            extractor.prepare)
 

@@ -67,14 +67,16 @@ class Job:
 
     media: str  # as the caller names it; ``localize`` makes it a local file
     requests: tuple[FrameRequest, ...]
+    skip_nonref: bool = False  # see frames.sample_frames
 
 
-def plan_jobs(videos: Mapping[str, Sequence[FrameRequest]], processes: int) -> list[Job]:
+def plan_jobs(videos: Mapping[str, Sequence[FrameRequest]], processes: int,
+              skip_nonref: bool = False) -> list[Job]:
     """Jobs for ``processes`` workers: a video with requests over a long enough span is cut into
     parts, so a batch of a few long videos still keeps every worker busy; longest spans first,
     so the last to finish are short."""
     parts = max(1, math.ceil(processes / max(1, len(videos))))
-    jobs = [Job(media, tuple(part)) for media, requests in videos.items()
+    jobs = [Job(media, tuple(part), skip_nonref) for media, requests in videos.items()
             for part in split_requests(requests, parts)]
     return sorted(jobs, key=lambda job: -_span(job.requests))
 
@@ -194,7 +196,7 @@ class FeederPool(abc.ABC):
             try:
                 try:
                     with call.localize(job.media) as path:
-                        for key, value in self._run(state, call, path, job.requests):
+                        for key, value in self._run(state, call, path, job):
                             left.discard(key)
                             call.put((key, value))
                 except (_Cancelled, SystemExit, KeyboardInterrupt):
@@ -212,10 +214,9 @@ class FeederPool(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def _run(self, state: Any, call: _Call, path: str,
-             requests: Sequence[FrameRequest]) -> Iterator[tuple[str, Any]]:
-        """``(key, call.result(frames or error))`` per request of a job on local file ``path``;
-        an exception fails the requests it has not yielded."""
+    def _run(self, state: Any, call: _Call, path: str, job: Job) -> Iterator[tuple[str, Any]]:
+        """``(key, call.result(frames or error))`` per request of ``job``, its media at the local
+        ``path``; an exception fails the requests it has not yielded."""
 
     def _abandon(self, state: Any) -> None:
         """A job was left in the middle (its consumer went away)."""
@@ -323,8 +324,7 @@ class DecodePool(FeederPool):
     def _open(self) -> _Slot:
         return _Slot()
 
-    def _run(self, slot: _Slot, call: _Call, path: str,
-             requests: Sequence[FrameRequest]) -> Iterator[tuple[str, Any]]:
+    def _run(self, slot: _Slot, call: _Call, path: str, job: Job) -> Iterator[tuple[str, Any]]:
         if slot.worker is not None and slot.worker.proc.poll() is not None:
             self._abandon(slot)  # it ended while idle
         if slot.worker is None:
@@ -332,9 +332,9 @@ class DecodePool(FeederPool):
             with self._lock:
                 self._workers.add(slot.worker)
         worker = slot.worker
-        left = {r.key for r in requests}
+        left = {r.key for r in job.requests}
         try:
-            worker.send((path, tuple(requests)))
+            worker.send((path, job.requests, job.skip_nonref))
             while left:
                 kind, key, detail = worker.receive()
                 left.discard(key)
@@ -417,10 +417,10 @@ def _serve(threads: int, jobs: IO[bytes], out: IO[bytes]) -> None:
     """The worker's loop: for each job, one message per request (its frames' shape followed by
     their bytes, or its error), until the input ends."""
     while (job := _read_message(jobs)) is not None:
-        path, requests = job
+        path, requests, skip_nonref = job
         done: set[str] = set()
         try:
-            for key, frames in sample_frames(path, requests, threads=threads):
+            for key, frames in sample_frames(path, requests, threads, skip_nonref):
                 done.add(key)
                 if isinstance(frames, StageError):
                     _write_message(out, (frames.kind.value, key, str(frames)))

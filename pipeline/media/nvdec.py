@@ -25,7 +25,7 @@ import torch
 from torchvision.transforms import functional as TF
 
 from pipeline.errors import BadInputError, SetupError
-from pipeline.media.decode_pool import FeederPool, _Call
+from pipeline.media.decode_pool import FeederPool, Job, _Call
 from pipeline.media.frames import Collector, FrameRequest, sample_frames
 from pipeline.progress import log
 
@@ -215,9 +215,9 @@ class NvdecPool(FeederPool):
         torch.empty(1, device=f"cuda:{self.gpu}")  # torch's context made current on this thread
         return torch.cuda.Stream(f"cuda:{self.gpu}")
 
-    def _run(self, stream: torch.cuda.Stream, call: _Call, path: str,
-             requests: Sequence[FrameRequest]) -> Iterator[tuple[str, Any]]:
-        for key, frames in sample_frames_gpu(path, requests, stream):
+    def _run(self, stream: torch.cuda.Stream, call: _Call, path: str, job: Job) -> Iterator[tuple[str, Any]]:
+        # NVDEC decodes every frame: skip_nonref is for the CPU's decoder.
+        for key, frames in sample_frames_gpu(path, job.requests, stream):
             yield key, call.result(frames)
 
 
