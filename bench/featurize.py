@@ -15,7 +15,7 @@ clips of 3 s every 1.5 s (neighbours overlap), each extractor prints frames/s of
 Goals on one H100 with 16 cores: resnet50 at 2 fps >= 1,300 frames/s, s3d >= 3,000,
 tsm_r50 >= 2,000 for (d).
 Usage: python bench/featurize.py [--extractors resnet50 s3d tsm_r50] [--videos 16]
-       [--seconds 60] [--batch 128] [--workers N] [--size 854x480] [--crop 224]
+       [--seconds 60] [--batch N] [--workers N] [--size 854x480] [--crop 224]
 """
 
 from __future__ import annotations
@@ -49,9 +49,12 @@ from pipeline.storage import Corpus
 
 FPS = 25
 CLIP_S, STEP_S = 3.0, 1.5
-# Each extractor's own frames, as in its paper's setting.
+# Each extractor's own frames, as in its paper's setting, and clips per model batch (about
+# 1-2k frames through the model at once).
 SAMPLING = {"resnet34": {"fps": 2}, "resnet50": {"fps": 2}, "resnet152": {"fps": 1},
             "s3d": {"frames": 16}, "tsm_r50": {"frames": 8}, "s3d_howto100m": {"frames": 32}}
+BATCH = {"resnet34": 128, "resnet50": 128, "resnet152": 128, "s3d": 64, "tsm_r50": 128,
+         "s3d_howto100m": 32}
 
 
 def make_corpus(root: Path, videos: list[Path], seconds: int) -> list[dict]:
@@ -82,7 +85,8 @@ def config(name: str, args: argparse.Namespace, decode: str) -> Config:
     return parse_config({
         "name": "bench", "sources": [{"type": "urls", "urls": ["http://x/"]}],
         "frames": {"short_side": args.crop * 256 // 224, "crop": args.crop},
-        "features": {"extractors": [{"name": name, "weights": "none", "batch_size": args.batch,
+        "features": {"extractors": [{"name": name, "weights": "none",
+                                     "batch_size": args.batch or BATCH.get(name, 32),
                                      **SAMPLING.get(name, {})}],
                      "decode": decode, "decode_workers": args.workers, "clips_per_commit": 100_000}})
 
@@ -94,9 +98,7 @@ def model_alone(cfg: Config, name: str, clips: list[dict], batch: int) -> float:
     for media in sorted({c["media_path"] for c in clips}):
         requests = [FrameRequest(c["clip_id"], c["start_s"], c["end_s"], extractor.spec)
                     for c in clips if c["media_path"] == media]
-        for _, frames in sample_frames(media, requests):
-            clip = extractor.prepare(frames)
-            prepared.append(clip.pin_memory() if extractor.device.type == "cuda" else clip)
+        prepared += [extractor.prepare(frames) for _, frames in sample_frames(media, requests)]
         if len(prepared) >= 8 * batch:
             break
     batches = [prepared[i:i + batch] for i in range(0, len(prepared), batch)]
@@ -234,7 +236,8 @@ def main() -> None:
     parser.add_argument("--videos", type=int, default=16)
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--size", default="854x480")
-    parser.add_argument("--batch", type=int, default=128, help="clips per model batch")
+    parser.add_argument("--batch", type=int, default=None, help="clips per model batch "
+                        "(default: 128, s3d 64, s3d_howto100m 32)")
     parser.add_argument("--workers", type=int, default=None,
                         help="features.decode_workers (default: one per CPU)")
     parser.add_argument("--crop", type=int, default=224, help="model input (short side 256/224 of it)")
@@ -262,10 +265,11 @@ def main() -> None:
             frames = sum(len(frame_times(FrameRequest(c["clip_id"], c["start_s"], c["end_s"],
                                                       extractor.spec))) for c in clips)
             per_decoded = frames / video_frames  # clip frames each decoded frame feeds
+            batch = cfg.features.extractors[0].batch_size
             print(f"\n{name} ({extractor.spec.fps or extractor.spec.frames}"
-                  f"{' fps' if extractor.spec.fps else ' frames'} a clip, batch {args.batch}) on "
+                  f"{' fps' if extractor.spec.fps else ' frames'} a clip, batch {batch}) on "
                   f"{extractor.device.type}, autocast {extractor.dtype}: {frames} clip frames")
-            alone = model_alone(cfg, name, clips, args.batch)
+            alone = model_alone(cfg, name, clips, batch)
             print(f"  (a) model alone                                {alone:9.0f} frames/s")
             print(f"  (b) CPU decode ceiling, PyAV, {processes:2d} processes      {decoded:9.0f} "
                   f"decoded frames/s = {decoded * per_decoded:.0f} clip frames/s")

@@ -24,7 +24,7 @@ class FramesConfig(BaseModel):
     decode_threads: int = Field(2, ge=1)
     skip_nonref: bool = Field(
         False, description="decode only the frames other frames refer to (FFmpeg skip_frame "
-        "nonref; CPU decoding only): about 1.6x faster on video with B-frames; a sample time then "
+        "nonref; CPU decoding only): 1.3-1.6x faster on video with B-frames; a sample time then "
         "takes the nearest decoded frame, at most half the longest run of skipped frames away "
         "(one frame with x264's defaults)"
     )

@@ -38,7 +38,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from pipeline.errors import BadInputError, ErrorKind, StageError, classify, error
+from pipeline.errors import BadInputError, ErrorKind, StageError, TransientError, classify, error
 from pipeline.media.frames import FrameRequest, sample_frames
 
 # A part of a video decoded by one worker covers at least this much of it: each part starts
@@ -187,7 +187,10 @@ class FeederPool(abc.ABC):
             self._jobs.put(None)
 
     def _feed(self) -> None:
-        state = self._open()
+        try:
+            state, broken = self._open(), None
+        except Exception as exc:  # noqa: BLE001 - every job of this feeder fails with it, none hangs
+            state, broken = None, TransientError(f"the decoder could not start: {exc}")
         while (task := self._jobs.get()) is not None:
             call, job = task
             if call.cancelled.is_set():
@@ -195,6 +198,8 @@ class FeederPool(abc.ABC):
             left = {r.key for r in job.requests}
             try:
                 try:
+                    if broken is not None:
+                        raise broken
                     with call.localize(job.media) as path:
                         for key, value in self._run(state, call, path, job):
                             left.discard(key)

@@ -260,7 +260,7 @@ def sample_frames(path: str, requests: Sequence[FrameRequest], threads: int = 0,
     or the media ends before the request's times. Each time takes the frame shown then (the last
     with pts <= t). Only frames of requests still open are held. ``threads``: decoder threads
     (0: FFmpeg's choice). ``skip_nonref``: the decoder skips the frames no other frame refers
-    to (FFmpeg's skip_frame nonref; most B-frames: 1.6x the decoding speed on x264's B-frame
+    to (FFmpeg's skip_frame nonref; most B-frames: 1.3-1.6x the decoding speed on x264's B-frame
     presets), and each time takes the decoded frame nearest to it: at most half the longest run
     of skipped frames away (one frame with x264's defaults, 3 B-frames in a pyramid)."""
     collector: Collector[av.VideoFrame] = Collector(requests, _PyAVImages(), nearest=skip_nonref)

@@ -218,7 +218,9 @@ class NvdecPool(FeederPool):
     def _run(self, stream: torch.cuda.Stream, call: _Call, path: str, job: Job) -> Iterator[tuple[str, Any]]:
         # NVDEC decodes every frame: skip_nonref is for the CPU's decoder.
         for key, frames in sample_frames_gpu(path, job.requests, stream):
-            yield key, call.result(frames)
+            prepared = call.result(frames)  # on `stream` too (current while the generator waits)
+            stream.synchronize()
+            yield key, prepared
 
 
 _pools: dict[tuple[int, str], NvdecPool] = {}
