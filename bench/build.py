@@ -3,7 +3,7 @@
 Each size runs `build_corpus` (Prefect + a local Dask cluster, all stages up to the report)
 in a fresh process on mirrored demo pages, and prints clips/s and the flow process's peak RSS.
 Memory should not grow with the number of videos: tables are read and written in batches.
-Usage: python bench/build.py [--sizes 20 80]
+Usage: python bench/build.py [--sizes 20 80] [--demo-videos 8]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def child(site: Path, root: Path, videos: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[20, 80])
+    parser.add_argument("--demo-videos", type=int, default=8, help="distinct demo videos the pages mirror")
     parser.add_argument("--child", nargs=3, metavar=("SITE", "ROOT", "VIDEOS"))
     args = parser.parse_args()
     if args.child:
@@ -55,7 +56,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="vlcorpus-bench-") as tmp:
         work = Path(tmp)
-        make_demo_media(work / "site", n_videos=8, seed=0, quiet=True)
+        make_demo_media(work / "site", n_videos=args.demo_videos, seed=0, quiet=True)
         for size in args.sizes:
             out = subprocess.run([sys.executable, __file__, "--child", str(work / "site"),
                                   str(work / f"corpus-{size}"), str(size)],

@@ -5,7 +5,7 @@
 (stream copy) and `exact` (re-encode, libx264 veryfast, scaled to --height). Prints the times
 and the ratio per-clip / per-video (higher is better), each the best of --repeats rounds taken
 in turns (shared machines are noisy).
-Usage: python bench/cut.py [--video PATH] [--clips 40] [--height 360] [--no-audio] [--seed 0] [--repeats 3]
+Usage: python bench/cut.py [--video PATH] [--clips 40] [--seconds 180] [--height 360] [--no-audio] [--seed 0] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--video", help="use this video instead of generating one")
     parser.add_argument("--clips", type=int, default=40)
+    parser.add_argument("--seconds", type=int, default=180, help="length of the generated video")
     parser.add_argument("--height", type=int, default=360)
     parser.add_argument("--no-audio", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
@@ -67,8 +68,8 @@ def main() -> None:
         path = args.video
         if path is None:
             path = os.path.join(tmp, "v.mp4")
-            print("generating a 3-minute 854x480 video ...", flush=True)
-            make_test_video(path, 180, audio=True)
+            print(f"generating a {args.seconds} s 854x480 video ...", flush=True)
+            make_test_video(path, args.seconds, audio=True)
         info = probe(path)
         print(f"video {info.width}x{info.height} {info.fps:g} fps {info.duration_s:.0f}s; {args.clips} clips; "
               f"audio {'on' if audio else 'off'}; exact: libx264 veryfast, height {args.height}; "

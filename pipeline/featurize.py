@@ -41,8 +41,11 @@ def make_stage(ecfg: ExtractorConfig, cfg: Config) -> Stage:
         if ecfg.is_text:
             require_package("transformers", f"the {name} extractor")
         from pipeline.features import build_extractor
+        from pipeline.media.nvdec import use_nvdec
 
-        build_extractor(ecfg, cfg.frames, cfg.features)
+        extractor = build_extractor(ecfg, cfg.frames, cfg.features)
+        if not ecfg.is_text:
+            use_nvdec(cfg.features.decode, extractor.device)  # "nvdec" that cannot be had stops here
 
     return Stage(name=f"featurize:{feature_key(name)}", output=f"features/{feature_key(name)}",
                  source="clips", inputs=clips_with_media, process=process, key="clip_id",

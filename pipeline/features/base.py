@@ -3,15 +3,18 @@ extractor shares: device and precision choice, the frame spec, batching and norm
 
 A visual extractor works in two steps so decoding and the model overlap:
 
-    clip = extractor.prepare(frames)        # decode worker thread: uint8 [T, H, W, 3] -> CPU tensor
+    clip = extractor.prepare(frames)        # decode feeder thread: uint8 [T, H, W, 3] -> tensor
     feats = extractor.run([clip, ...])      # model thread: one batched forward, [T, D] or [D] each
+    for feats in extractor.run_batches(batches): ...   # the same, the next batch's copy to the
+                                                       # GPU overlapping this one's forward
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -46,14 +49,20 @@ class VisualExtractor(abc.ABC):
     device: torch.device
 
     @abc.abstractmethod
-    def prepare(self, frames: np.ndarray) -> torch.Tensor:
-        """One clip's uint8 [T, H, W, 3] RGB frames as the CPU tensor ``run`` takes. Cheap and
-        thread-safe."""
+    def prepare(self, frames: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """One clip's uint8 [T, H, W, 3] RGB frames (numpy, or a tensor: on the GPU when NVDEC
+        decoded them) as the tensor ``run`` takes. Cheap and thread-safe."""
 
     @abc.abstractmethod
     def run(self, clips: list[torch.Tensor]) -> list[torch.Tensor]:
         """Features of prepared clips, in input order: float32 CPU tensors, [T, D] per clip or
         [D] when ``pooled``."""
+
+    def run_batches(self, batches: Iterable[list[torch.Tensor]]) -> Iterator[list[torch.Tensor]]:
+        """``run`` of each batch, in order. Extractors on a GPU take the next batch before they
+        hand out this one's features, to move it to the device while the model works."""
+        for clips in batches:
+            yield self.run(clips)
 
 
 class TextExtractor(abc.ABC):
@@ -131,6 +140,14 @@ def fit_frames(clip: torch.Tensor, spec: FrameSpec) -> torch.Tensor:
     return chw.permute(0, 2, 3, 1).contiguous()
 
 
+@dataclass
+class _Staged:
+    """Clips on their way to the model's device: ``ready`` marks the end of their copies."""
+
+    clips: list[torch.Tensor]
+    ready: torch.cuda.Event | None = None
+
+
 class TorchVisualExtractor(VisualExtractor):
     """A visual extractor around one torch module that maps normalised float input
     ([N, 3, H, W] for layout "frames", [N, 3, T, H, W] for "clip") to features ([N, D]; with
@@ -138,7 +155,9 @@ class TorchVisualExtractor(VisualExtractor):
 
     Clips stay uint8 [T, H, W, 3] until they are on the device: a quarter of the bytes to move,
     and the permuted view is already channels-last, the layout convolutions run fastest in on
-    GPUs. Conversion to float and normalisation happen on the device.
+    GPUs. Conversion to float and normalisation happen on the device. On a GPU, clips come in
+    page-locked memory and are copied on a stream of their own, so a copy runs while the model
+    works on the batch before (``run_batches``).
     """
 
     def __init__(self, *, name: str, weights_id: str, dim: int, spec: FrameSpec, pooled: bool,
@@ -154,27 +173,60 @@ class TorchVisualExtractor(VisualExtractor):
         self.device = torch_device(features.device)
         self.dtype = autocast_dtype(self.device, features.precision)
         self.memory_format = None
+        self.copy_stream: torch.cuda.Stream | None = None
         if self.device.type == "cuda":
             self.memory_format = torch.channels_last if layout == "frames" else torch.channels_last_3d
+            self.copy_stream = torch.cuda.Stream(self.device)
         model = model.eval().requires_grad_(False).float().to(self.device, memory_format=self.memory_format)
         self.model: nn.Module = torch.compile(model) if features.compile else model
         shape = (1, 3, 1, 1) if layout == "frames" else (1, 3, 1, 1, 1)
         self.mean = None if mean is None else torch.tensor(mean, device=self.device).view(shape)
         self.std = None if std is None else torch.tensor(std, device=self.device).view(shape)
 
-    def prepare(self, frames: np.ndarray) -> torch.Tensor:
-        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or not len(frames):
+    def prepare(self, frames: np.ndarray | torch.Tensor) -> torch.Tensor:
+        clip = frames if isinstance(frames, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(frames))
+        if clip.dtype != torch.uint8 or clip.ndim != 4 or clip.shape[-1] != 3 or not len(clip):
             raise ValueError(f"{self.name}: expected uint8 [T, H, W, 3] frames, got {frames.dtype} "
                              f"{list(frames.shape)}")
-        clip = self.adjust(fit_frames(torch.from_numpy(np.ascontiguousarray(frames)), self.spec))
-        # Pinned memory lets run() copy to the GPU asynchronously.
-        return clip.pin_memory() if self.device.type == "cuda" else clip
+        clip = self.adjust(fit_frames(clip, self.spec))
+        # Page-locked memory lets the copy to the GPU run asynchronously (frames received from
+        # the decode pool are in it already: no copy then).
+        return clip.pin_memory() if self.device.type == "cuda" and not clip.is_cuda else clip
 
     def adjust(self, clip: torch.Tensor) -> torch.Tensor:
         """Model-specific checks or fixes of a clip at the spec's size (e.g. segment count)."""
         return clip
 
     def run(self, clips: list[torch.Tensor]) -> list[torch.Tensor]:
+        return self._run(self._upload(clips))
+
+    def run_batches(self, batches: Iterable[list[torch.Tensor]]) -> Iterator[list[torch.Tensor]]:
+        staged = None
+        for clips in batches:
+            following = self._upload(clips)  # its copies start now, while the model runs `staged`
+            if staged is not None:
+                yield self._run(staged)
+            staged = following
+        if staged is not None:
+            yield self._run(staged)
+
+    def _upload(self, clips: list[torch.Tensor]) -> _Staged:
+        """Start copying ``clips`` to the device (on the copy stream, not waiting for it)."""
+        if self.copy_stream is None:
+            return _Staged(clips)
+        with torch.cuda.stream(self.copy_stream):
+            moved = [clip.to(self.device, non_blocking=True) for clip in clips]
+            ready = torch.cuda.Event()
+            ready.record(self.copy_stream)
+        compute = torch.cuda.current_stream(self.device)
+        for clip in moved:
+            clip.record_stream(compute)  # made on the copy stream, used on the compute stream
+        return _Staged(moved, ready)
+
+    def _run(self, staged: _Staged) -> list[torch.Tensor]:
+        if staged.ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(staged.ready)
+        clips = staged.clips
         # Only same-shaped input batches together: frames of one size, or clips of one shape
         # (clip lengths vary when the spec samples at an fps).
         groups: dict[tuple[int, ...], list[int]] = {}
@@ -195,11 +247,10 @@ class TorchVisualExtractor(VisualExtractor):
 
     def _forward(self, batch: list[torch.Tensor]) -> torch.Tensor:
         with inference(self.device, self.dtype):
-            moved = [clip.to(self.device, non_blocking=True) for clip in batch]
             if self.layout == "frames":
-                x = torch.cat(moved).permute(0, 3, 1, 2)  # [sum T, 3, H, W]
+                x = torch.cat(batch).permute(0, 3, 1, 2)  # [sum T, 3, H, W]
             else:
-                x = torch.stack(moved).permute(0, 4, 1, 2, 3)  # [N, 3, T, H, W]
+                x = torch.stack(batch).permute(0, 4, 1, 2, 3)  # [N, 3, T, H, W]
             if self.memory_format is None:
                 x = x.contiguous()
             x = x.float().div_(255)

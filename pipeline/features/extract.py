@@ -1,17 +1,17 @@
 """Features of a batch of clips, for the featurize stage (pipeline/featurize.py).
 
 For visual extractors, frames
-are decoded once per video (``media.sample_frames``) in background threads that also prepare
-the model inputs, feeding a bounded queue; the main thread batches clips across videos and runs
-the model, so decode hides behind compute. Rows hold float16 arrays ([T, D] or [D]).
+are decoded once per video (``media.sample_frames``) in worker processes, one per core by
+default (``media.decode_pool``), or on the GPU's video decoder (``media.nvdec``), into a bounded
+queue of prepared model inputs; the main thread batches clips across videos and runs the model,
+whose next batch is copied to the GPU while it works on this one, so decode and copies hide
+behind compute. Rows hold float16 arrays ([T, D] or [D]).
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import Any
 
@@ -19,13 +19,13 @@ import numpy as np
 import torch
 
 from pipeline.config import Config, ExtractorConfig, FeaturesConfig, FramesConfig
-from pipeline.errors import BadInputError
+from pipeline.errors import BadInputError, StageError
 from pipeline.features import build_extractor
 from pipeline.features.base import TextExtractor, VisualExtractor
-from pipeline.media import FrameRequest, sample_frames
+from pipeline.media import FrameRequest
+from pipeline.media import nvdec
+from pipeline.media.decode_pool import FeederPool, plan_jobs, shared_pool, usable_cpus
 from pipeline.runner import Item, Outcome, StageContext
-
-_END = object()
 
 
 @cache
@@ -50,83 +50,72 @@ def _row(clip: str, extractor: VisualExtractor | TextExtractor, array: np.ndarra
             "values": half.reshape(-1)}
 
 
+def decode_processes(fcfg: FeaturesConfig) -> int:
+    """``features.decode_workers``, or one decode worker per CPU this process may use."""
+    return fcfg.decode_workers or usable_cpus()
+
+
+def _host_buffer(device: torch.device) -> Callable[[tuple[int, ...]], np.ndarray]:
+    """Where decoded frames are received: page-locked memory when they go to a GPU, so that
+    ``prepare`` keeps them as they are and the copy to the device runs asynchronously."""
+    if device.type != "cuda":
+        return lambda shape: np.empty(shape, np.uint8)
+    return lambda shape: torch.empty(shape, dtype=torch.uint8, pin_memory=True).numpy()
+
+
 def _decoded(items: Sequence[Item], extractor: VisualExtractor, ctx: StageContext,
-             workers: int, depth: int) -> Iterator[tuple[str, torch.Tensor | BadInputError]]:
-    """Prepared clip tensors, decoded per video in background threads through a bounded queue."""
-    by_video: dict[str, list[Item]] = {}
+             processes: int, depth: int) -> Iterator[tuple[str, torch.Tensor | StageError]]:
+    """Prepared clip tensors as they come, decoded by the worker processes of ``decode_pool``
+    or on the GPU (``nvdec``)."""
+    videos: dict[str, list[FrameRequest]] = {}
     for item in items:
-        by_video.setdefault(item.info.get("media_path") or "", []).append(item)
-    out: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(entry: object) -> None:
-        # Give up when the consumer has gone (it failed), instead of blocking forever.
-        while not stop.is_set():
-            try:
-                out.put(entry, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def decode(media: str, group: list[Item]) -> None:
-        done: set[str] = set()
-        try:
-            if not media:
-                raise BadInputError("no media for this clip's video")
-            requests = [FrameRequest(i.key, i.rows[0]["start_s"], i.rows[0]["end_s"],
-                                     extractor.spec) for i in group]
-            with ctx.corpus.local_file(media) as path:
-                for key, frames in sample_frames(path, requests):
-                    done.add(key)
-                    put((key, frames if isinstance(frames, BadInputError)
-                         else extractor.prepare(frames)))
-        except Exception as exc:  # noqa: BLE001 - becomes these clips' error rows
-            error = exc if isinstance(exc, BadInputError) else BadInputError(f"decode failed: {exc}")
-            for item in group:
-                if item.key not in done:
-                    put((item.key, error))
-        finally:
-            put(_END)
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for media, group in by_video.items():
-            pool.submit(decode, media, group)
-        try:
-            finished = 0
-            while finished < len(by_video):
-                got = out.get()
-                if got is _END:
-                    finished += 1
-                else:
-                    yield got
-        finally:
-            stop.set()
+        media = item.info.get("media_path")
+        if not media:
+            yield item.key, BadInputError("no media for this clip's video")
+            continue
+        videos.setdefault(media, []).append(
+            FrameRequest(item.key, item.rows[0]["start_s"], item.rows[0]["end_s"], extractor.spec))
+    if not videos:
+        return
+    if nvdec.use_nvdec(ctx.config.features.decode, extractor.device):
+        # Whole videos: NVDEC decodes every frame from the start (no seeking), so a part of a
+        # video would decode all that comes before it again.
+        pool: FeederPool = nvdec.shared_pool(processes, extractor.device)
+        jobs = plan_jobs(videos, 1)
+    else:
+        pool = shared_pool(processes)
+        jobs = plan_jobs(videos, pool.size, ctx.config.frames.skip_nonref)
+    yield from pool.sample(jobs, ctx.corpus.local_file, depth, _host_buffer(extractor.device),
+                           extractor.prepare)
 
 
 def _visual(items: Sequence[Item], ctx: StageContext, extractor: VisualExtractor,
             ecfg: ExtractorConfig) -> list[Outcome]:
     fcfg: FeaturesConfig = ctx.config.features
     outcomes: dict[str, Outcome] = {}
-    pending: list[tuple[str, torch.Tensor]] = []
+    keys: deque[list[str]] = deque()  # of the batches handed to the model, oldest first
 
-    def flush() -> None:
-        results = extractor.run([t for _, t in pending])
-        for (key, _), result in zip(pending, results):
+    def batches() -> Iterator[list[torch.Tensor]]:
+        pending: list[tuple[str, torch.Tensor]] = []
+        for key, prepared in _decoded(items, extractor, ctx, decode_processes(fcfg), fcfg.queue_size):
+            if isinstance(prepared, StageError):
+                outcomes[key] = Outcome(key, kind=prepared.kind, message=str(prepared))
+                continue
+            pending.append((key, prepared))
+            if len(pending) >= ecfg.batch_size:
+                keys.append([k for k, _ in pending])
+                yield [t for _, t in pending]
+                pending = []
+        if pending:
+            keys.append([k for k, _ in pending])
+            yield [t for _, t in pending]
+
+    for results in extractor.run_batches(batches()):
+        for key, result in zip(keys.popleft(), results):
             array = result.float().numpy()
             frames = extractor.spec.frames if extractor.pooled else int(array.shape[0])
             outcomes[key] = Outcome(key, rows=[_row(key, extractor, array, extractor.spec.fps,
                                                     frames)])
-        pending.clear()
-
-    for key, prepared in _decoded(items, extractor, ctx, fcfg.decode_workers, fcfg.queue_size):
-        if isinstance(prepared, BadInputError):
-            outcomes[key] = Outcome(key, kind=prepared.kind, message=str(prepared))
-            continue
-        pending.append((key, prepared))
-        if len(pending) >= ecfg.batch_size:
-            flush()
-    if pending:
-        flush()
     return [outcomes[i.key] for i in items]
 
 

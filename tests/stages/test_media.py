@@ -341,3 +341,30 @@ def test_videos_are_cut_side_by_side_in_balanced_runs(videos, tmp_path, monkeypa
     for args in calls:
         outputs = sum(a.endswith(".part.mp4") for a in args)
         assert [args[i + 1] for i, a in enumerate(args) if a == "-threads"] == [threads] * (1 + outputs)
+
+
+def test_skipping_non_reference_frames_takes_the_nearest_decoded_frame(tmp_path):
+    """skip_nonref decodes fewer frames; every sampled frame is a frame of the video, the one
+    nearest its time among those decoded, at most one frame from the time's own with x264's
+    default B-frame pyramid."""
+    path = tmp_path / "bframes.mp4"
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i",
+                    "testsrc2=size=160x120:rate=25:duration=12", "-c:v", "libx264", "-g", "50",
+                    "-pix_fmt", "yuv420p", str(path)], check=True)
+    spec = FrameSpec(fps=5, short_side=120, crop=None)
+    requests = [FrameRequest(f"c{i}", start, start + 2.0, spec) for i, start in enumerate([0.0, 3.3, 8.1])]
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        every = [(f.pts * float(stream.time_base), f.to_ndarray(format="rgb24")) for f in container.decode(stream)]
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.codec_context.skip_frame = "NONREF"
+        kept = [f.pts * float(stream.time_base) for f in container.decode(stream)]
+    assert len(kept) < 0.8 * len(every)
+    got = dict(sample_frames(str(path), requests, skip_nonref=True))
+    for request in requests:
+        for t, image in zip(frame_times(request), got[request.key]):
+            distance = min(abs(k - t) for k in kept)
+            nearest = min(k for k in kept if abs(k - t) <= distance + 1e-6)  # of two as near, the earlier
+            assert distance <= 1 / FPS + 1e-6, (request.key, t, nearest)
+            assert np.array_equal(image, next(img for pts, img in every if abs(pts - nearest) < 1e-6)), (request.key, t)

@@ -1,0 +1,140 @@
+"""Decoding on the GPU (media.nvdec), as far as a machine without one can tell: where frames are
+decoded for each features.decode, the one log line of auto's fallback, the setup error of an
+nvdec that cannot be had, and the GPU path's image steps (resize, crop, turn) run on CPU tensors
+against the CPU path. The decode itself runs on a GPU machine: bench/featurize.py."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+
+import av
+import numpy as np
+import pytest
+import torch
+from conftest import require_binaries
+
+from pipeline import featurize
+from pipeline.config import parse_config
+from pipeline.errors import SetupError
+from pipeline.media import FrameRequest, FrameSpec, frame_times, nvdec, sample_frames
+from pipeline.media.frames import Collector
+from pipeline.setup import stage_problems
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
+
+
+@pytest.fixture(autouse=True)
+def fresh_choice():
+    nvdec.say_once.cache_clear()
+    yield
+    nvdec.say_once.cache_clear()
+
+
+def test_cpu_is_never_nvdec_and_auto_says_once_why_not(caplog):
+    cpu = torch.device("cpu")
+    assert nvdec.use_nvdec("cpu", cpu) is False
+    with caplog.at_level(logging.INFO, logger="vlcorpus"):
+        assert nvdec.use_nvdec("auto", cpu) is False
+        assert nvdec.use_nvdec("auto", cpu) is False
+    lines = [r.getMessage() for r in caplog.records if "decoding frames on the CPU" in r.getMessage()]
+    assert lines == ["decoding frames on the CPU (features.decode auto): the features run on the CPU"]
+
+
+@NO_GPU
+def test_auto_on_a_gpu_without_nvdec_falls_back_with_the_reason(caplog):
+    # What a GPU worker without PyNvVideoCodec (or its driver libraries) says; here the reason
+    # is the missing GPU itself, found the same way.
+    reason = nvdec.unavailable()
+    assert reason == "torch sees no CUDA device"
+    with caplog.at_level(logging.INFO, logger="vlcorpus"):
+        assert nvdec.use_nvdec("auto", torch.device("cuda")) is False
+    assert [r.getMessage() for r in caplog.records] == [
+        f"decoding frames on the CPU (features.decode auto): {reason}"]
+
+
+@NO_GPU
+def test_nvdec_asked_for_but_missing_is_a_setup_problem():
+    with pytest.raises(SetupError, match="features.decode is 'nvdec' but the features run on the CPU"):
+        nvdec.use_nvdec("nvdec", torch.device("cpu"))
+    with pytest.raises(SetupError, match="features.decode is 'nvdec' but torch sees no CUDA device"):
+        nvdec.use_nvdec("nvdec", torch.device("cuda"))
+    base = {"name": "t", "sources": [{"type": "urls", "urls": ["http://x/"]}]}
+    visual = {"extractors": [{"name": "resnet34", "weights": "none"}], "device": "cpu"}
+    cfg = parse_config({**base, "features": {**visual, "decode": "nvdec"}})
+    assert stage_problems(cfg, featurize.stages(cfg)) == [
+        "features.decode is 'nvdec' but the features run on the CPU"]
+    cfg = parse_config({**base, "features": {**visual, "decode": "auto"}})
+    assert stage_problems(cfg, featurize.stages(cfg)) == []
+
+
+@pytest.fixture(scope="module")
+def moving(tmp_path_factory) -> str:
+    require_binaries("ffmpeg")
+    path = str(tmp_path_factory.mktemp("nvdec") / "moving.mp4")
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i",
+                    "testsrc2=size=320x180:rate=25:duration=8", "-c:v", "libx264", "-g", "50",
+                    "-bf", "2", "-pix_fmt", "yuv444p", path], check=True)
+    return path
+
+
+def test_the_gpu_paths_image_steps_match_the_cpu_path(moving):
+    """Full-size RGB frames (what NVDEC hands over) through the GPU path's resize, crop and
+    stacking, here on CPU tensors: the same frames as sample_frames for every time, the
+    pixels within resampling noise of swscale's. The video is 4:4:4, so this measures the
+    resize; 4:2:0 chroma, which swscale rebuilds while it scales, differs more on this
+    pattern's sharp colour edges (mean 1.3-3 levels), and NVDEC's own RGB conversion is
+    measured against the CPU on a GPU machine (bench/featurize.py's check)."""
+    specs = [FrameSpec(fps=2), FrameSpec(frames=8, short_side=128, crop=112),
+             FrameSpec(fps=5, short_side=90, crop=None)]
+    requests = [FrameRequest(f"c{i}|{j}", start, start + 3.0, spec)
+                for i, start in enumerate([0.2, 1.7, 4.9]) for j, spec in enumerate(specs)]
+    expected = dict(sample_frames(moving, requests))
+    collector: Collector[torch.Tensor] = Collector(requests, nvdec._GpuImages(turns=0))
+    got = {}
+    with av.open(moving) as container:
+        stream = container.streams.video[0]
+        for frame in container.decode(stream):
+            rgb = torch.from_numpy(frame.to_ndarray(format="rgb24"))
+            got.update(collector.add(frame.pts * float(stream.time_base), rgb))
+    got.update(collector.finish())
+    assert set(got) == set(expected)
+    for request in requests:
+        ours, theirs = got[request.key].numpy().astype(int), expected[request.key].astype(int)
+        assert ours.shape == theirs.shape == (len(frame_times(request)), *theirs.shape[1:])
+        error = np.abs(ours - theirs)
+        assert error.mean() < 1.0 and np.percentile(error, 99) < 16, (request.key, error.mean())
+
+
+NEEDS_NVDEC = pytest.mark.skipif(nvdec.unavailable() is not None, reason=f"NVDEC: {nvdec.unavailable()}")
+
+
+@NEEDS_NVDEC
+def test_nvdec_takes_the_frame_shown_at_each_time(tmp_path):
+    """Frame n of the counter video has luma 16 + 2n, losslessly: the frame NVDEC's path gives
+    at each time is the one the CPU path gives (the last with pts <= t), B-frames and all."""
+    require_binaries("ffmpeg")
+    path = str(tmp_path / "counter.mp4")
+    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i",
+                    "color=c=black:s=160x96:r=25:d=4,geq=lum='16+2*N':cb=128:cr=128",
+                    "-c:v", "libx264", "-qp", "0", "-bf", "2", "-pix_fmt", "yuv420p", path], check=True)
+    spec = FrameSpec(frames=1, short_side=96, crop=None)
+    times = [0.0, 0.039, 0.04, 0.5, 1.99, 2.61, 3.98]
+    requests = [FrameRequest(str(t), t, t, spec) for t in times]
+    got = dict(nvdec.sample_frames_gpu(path, requests, torch.cuda.Stream()))
+    for t in times:
+        grey = got[str(t)].float().mean().item() * 219 / 255 / 2
+        assert round(grey) == int(t * 25 + 1e-6), (t, grey)
+
+
+@NEEDS_NVDEC
+def test_nvdec_frames_match_the_cpu_path(moving):
+    specs = [FrameSpec(fps=2), FrameSpec(frames=8, short_side=128, crop=112)]
+    requests = [FrameRequest(f"c{i}|{j}", start, start + 3.0, spec)
+                for i, start in enumerate([0.2, 1.7, 4.9]) for j, spec in enumerate(specs)]
+    cpu = dict(sample_frames(moving, requests))
+    gpu = dict(nvdec.sample_frames_gpu(moving, requests, torch.cuda.Stream()))
+    for request in requests:
+        assert gpu[request.key].is_cuda and gpu[request.key].shape == cpu[request.key].shape
+        error = np.abs(gpu[request.key].cpu().numpy().astype(int) - cpu[request.key].astype(int))
+        assert error.mean() < 3.0, (request.key, error.mean())
