@@ -54,12 +54,11 @@ test: venv lock-check test-py312
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Without a Python 3.12 this is skipped, except in CI (CI=true), where it fails.
-test-py312: system
+test-py312: system $(if $(PY312),$(VENV312)/.installed)
 	@if [ -z "$(PY312)" ]; then \
 	  echo "no python3.12 found: the Python 3.12 tests are skipped (set PY312=/path/to/python3.12)"; \
 	  [ "$$CI" != true ]; \
 	else \
-	  $(MAKE) --no-print-directory $(VENV312)/.installed && \
 	  $(VENV312)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" $(TORCH_FREE_TESTS); \
 	fi
 
