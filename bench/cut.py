@@ -5,7 +5,8 @@
 (stream copy) and `exact` (re-encode, libx264 veryfast, scaled to --height). Prints the times
 and the ratio per-clip / per-video (higher is better), each the best of --repeats rounds taken
 in turns (shared machines are noisy).
-Usage: python bench/cut.py [--video PATH] [--clips 40] [--seconds 180] [--height 360] [--no-audio] [--seed 0] [--repeats 3]
+Usage: python bench/cut.py [--video PATH] [--clips 40] [--seconds 180] [--height 360] [--no-audio]
+       [--seed 0] [--repeats 3]
 """
 
 from __future__ import annotations

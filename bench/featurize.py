@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -225,6 +226,17 @@ def whole_stage(root: Path, cfg: Config) -> tuple[float, list[int]]:
     return seconds, busy
 
 
+@contextmanager
+def reported(label: str) -> Iterator[None]:
+    """The block's failure is printed (its traceback on standard error) and the bench goes on:
+    one run on a GPU machine shows all it can."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - reported, and the next measurement runs
+        print(f"  {label} failed: {type(exc).__name__}: {exc}", flush=True)
+        traceback.print_exc()
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -269,24 +281,30 @@ def main() -> None:
             print(f"\n{name} ({extractor.spec.fps or extractor.spec.frames}"
                   f"{' fps' if extractor.spec.fps else ' frames'} a clip, batch {batch}) on "
                   f"{extractor.device.type}, autocast {extractor.dtype}: {frames} clip frames")
-            alone = model_alone(cfg, name, clips, batch)
-            print(f"  (a) model alone                                {alone:9.0f} frames/s")
+            alone = float("nan")
+            with reported("(a)"):
+                alone = model_alone(cfg, name, clips, batch)
+                print(f"  (a) model alone                                {alone:9.0f} frames/s")
             print(f"  (b) CPU decode ceiling, PyAV, {processes:2d} processes      {decoded:9.0f} "
                   f"decoded frames/s = {decoded * per_decoded:.0f} clip frames/s")
             if have_nvdec:
-                nv_decoded = nv_decoded or nvdec_ceiling(videos, decode_processes(cfg.features))
-                print(f"  (c) NVDEC ceiling, {decode_processes(cfg.features):2d} threads"
-                      f"                   {nv_decoded:9.0f} decoded frames/s = "
-                      f"{nv_decoded * per_decoded:.0f} clip frames/s")
+                with reported("(c)"):
+                    nv_decoded = nv_decoded or nvdec_ceiling(videos, decode_processes(cfg.features))
+                    print(f"  (c) NVDEC ceiling, {decode_processes(cfg.features):2d} threads"
+                          f"                   {nv_decoded:9.0f} decoded frames/s = "
+                          f"{nv_decoded * per_decoded:.0f} clip frames/s")
             for decode in ["cpu", "nvdec"] if have_nvdec else ["cpu"]:
-                cfg = config(name, args, decode)
-                seconds, busy = whole_stage(work / "corpus", cfg)
-                gpu_line = (f"; GPU busy {sum(busy) / len(busy):.0f}% (median {sorted(busy)[len(busy) // 2]}%)"
-                            if busy else "")
-                print(f"  (d) whole stage, decode {decode:5s} ({decode_processes(cfg.features)} workers)"
-                      f"     {frames / seconds:9.0f} frames/s = {frames / seconds / alone:.2f} of (a){gpu_line}")
+                with reported(f"(d) decode {decode}"):
+                    cfg = config(name, args, decode)
+                    seconds, busy = whole_stage(work / "corpus", cfg)
+                    gpu_line = (f"; GPU busy {sum(busy) / len(busy):.0f}% (median "
+                                f"{sorted(busy)[len(busy) // 2]}%)" if busy else "")
+                    print(f"  (d) whole stage, decode {decode:5s} ({decode_processes(cfg.features)} workers)"
+                          f"     {frames / seconds:9.0f} frames/s = {frames / seconds / alone:.2f} of (a)"
+                          f"{gpu_line}", flush=True)
             if have_nvdec:
-                print(f"  (e) NVDEC against the CPU: {nvdec_agreement(cfg, name, clips)}")
+                with reported("(e)"):
+                    print(f"  (e) NVDEC against the CPU: {nvdec_agreement(cfg, name, clips)}")
 
 
 if __name__ == "__main__":

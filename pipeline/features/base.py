@@ -142,10 +142,14 @@ def fit_frames(clip: torch.Tensor, spec: FrameSpec) -> torch.Tensor:
 
 @dataclass
 class _Staged:
-    """Clips on their way to the model's device: ``ready`` marks the end of their copies."""
+    """Clips on their way to the model's device: ``ready`` marks the end of their copies, and
+    ``sources`` keeps the page-locked host buffers they are copied from until the model has run
+    on them (freed earlier, a buffer from ``torch.from_numpy`` could be reused mid-copy: the
+    host allocator does not know it)."""
 
     clips: list[torch.Tensor]
     ready: torch.cuda.Event | None = None
+    sources: list[torch.Tensor] | None = None
 
 
 class TorchVisualExtractor(VisualExtractor):
@@ -221,7 +225,7 @@ class TorchVisualExtractor(VisualExtractor):
         compute = torch.cuda.current_stream(self.device)
         for clip in moved:
             clip.record_stream(compute)  # made on the copy stream, used on the compute stream
-        return _Staged(moved, ready)
+        return _Staged(moved, ready, clips)
 
     def _run(self, staged: _Staged) -> list[torch.Tensor]:
         if staged.ready is not None:

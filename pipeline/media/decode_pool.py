@@ -223,8 +223,10 @@ class FeederPool(abc.ABC):
         """``(key, call.result(frames or error))`` per request of ``job``, its media at the local
         ``path``; an exception fails the requests it has not yielded."""
 
+    @abc.abstractmethod
     def _abandon(self, state: Any) -> None:
-        """A job was left in the middle (its consumer went away)."""
+        """A job was left in the middle (its consumer went away): make ``state`` ready for the
+        next one."""
 
 
 class _Died(StageError):

@@ -222,6 +222,9 @@ class NvdecPool(FeederPool):
             stream.synchronize()
             yield key, prepared
 
+    def _abandon(self, stream: torch.cuda.Stream) -> None:
+        stream.synchronize()  # the abandoned job's decoder goes with its generator; the stream stays
+
 
 _pools: dict[tuple[int, str], NvdecPool] = {}
 _pools_lock = threading.Lock()

@@ -12,7 +12,6 @@ import importlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml

@@ -7,7 +7,6 @@ against the CPU path. The decode itself runs on a GPU machine: bench/featurize.p
 from __future__ import annotations
 
 import logging
-import subprocess
 
 import av
 import numpy as np
@@ -17,7 +16,6 @@ import pytest
 # torch: skipped there, so the imports below come after this line.
 torch = pytest.importorskip("torch")
 
-from conftest import require_binaries
 
 from pipeline import featurize
 from pipeline.config import parse_config
@@ -73,14 +71,34 @@ def test_nvdec_asked_for_but_missing_is_a_setup_problem():
     assert stage_problems(cfg, featurize.stages(cfg)) == []
 
 
+def _encode(path: str, filters: list[tuple[str, str]], pix_fmt: str, **options: str) -> str:
+    """A 25 fps H.264 video of FFmpeg's source ``filters`` (a chain), made with PyAV: the GPU
+    machines have no ffmpeg binary."""
+    graph = av.filter.Graph()
+    nodes = [graph.add(name, args) for name, args in filters] + [graph.add("buffersink")]
+    for a, b in zip(nodes, nodes[1:]):
+        a.link_to(b)
+    graph.configure()
+    frames = []
+    while True:
+        try:
+            frames.append(graph.pull().reformat(format=pix_fmt))
+        except (av.error.EOFError, av.error.BlockingIOError):
+            break
+    with av.open(path, "w") as out:
+        stream = out.add_stream("libx264", rate=25, options={"g": "50", "bf": "2", **options})
+        stream.pix_fmt, stream.width, stream.height = pix_fmt, frames[0].width, frames[0].height
+        for frame in frames:
+            frame.pict_type = av.video.frame.PictureType.NONE  # the source marks each a keyframe
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+    return path
+
+
 @pytest.fixture(scope="module")
 def moving(tmp_path_factory) -> str:
-    require_binaries("ffmpeg")
     path = str(tmp_path_factory.mktemp("nvdec") / "moving.mp4")
-    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i",
-                    "testsrc2=size=320x180:rate=25:duration=8", "-c:v", "libx264", "-g", "50",
-                    "-bf", "2", "-pix_fmt", "yuv444p", path], check=True)
-    return path
+    return _encode(path, [("testsrc2", "size=320x180:rate=25:duration=8")], "yuv444p")
 
 
 def test_the_gpu_paths_image_steps_match_the_cpu_path(moving):
@@ -116,13 +134,11 @@ NEEDS_NVDEC = pytest.mark.skipif(nvdec.unavailable() is not None, reason=f"NVDEC
 
 @NEEDS_NVDEC
 def test_nvdec_takes_the_frame_shown_at_each_time(tmp_path):
-    """Frame n of the counter video has luma 16 + 2n, losslessly: the frame NVDEC's path gives
-    at each time is the one the CPU path gives (the last with pts <= t), B-frames and all."""
-    require_binaries("ffmpeg")
-    path = str(tmp_path / "counter.mp4")
-    subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-f", "lavfi", "-i",
-                    "color=c=black:s=160x96:r=25:d=4,geq=lum='16+2*N':cb=128:cr=128",
-                    "-c:v", "libx264", "-qp", "0", "-bf", "2", "-pix_fmt", "yuv420p", path], check=True)
+    """Frame n of the counter video has luma 16 + 2n (qp 1 keeps every level, and B-frames,
+    which a lossless encode has none of): the frame NVDEC's path gives at each time is the one
+    the CPU path gives (the last with pts <= t)."""
+    path = _encode(str(tmp_path / "counter.mp4"), [("color", "c=black:s=160x96:r=25:d=4"),
+                                                   ("geq", "lum='16+2*N':cb=128:cr=128")], "yuv420p", qp="1")
     spec = FrameSpec(frames=1, short_side=96, crop=None)
     times = [0.0, 0.039, 0.04, 0.5, 1.99, 2.61, 3.98]
     requests = [FrameRequest(str(t), t, t, spec) for t in times]
