@@ -16,7 +16,6 @@ import pytest
 # torch: skipped there, so the imports below come after this line.
 torch = pytest.importorskip("torch")
 
-
 from pipeline import featurize
 from pipeline.config import parse_config
 from pipeline.errors import SetupError
@@ -65,10 +64,10 @@ def test_nvdec_asked_for_but_missing_is_a_setup_problem():
     base = {"name": "t", "sources": [{"type": "urls", "urls": ["http://x/"]}]}
     visual = {"extractors": [{"name": "resnet34", "weights": "none"}], "device": "cpu"}
     cfg = parse_config({**base, "features": {**visual, "decode": "nvdec"}})
-    assert stage_problems(cfg, featurize.stages(cfg)) == [
-        "features.decode is 'nvdec' but the features run on the CPU"]
+    assert stage_problems(cfg, featurize.stages(cfg)) == (
+        ["features.decode is 'nvdec' but the features run on the CPU"], [])
     cfg = parse_config({**base, "features": {**visual, "decode": "auto"}})
-    assert stage_problems(cfg, featurize.stages(cfg)) == []
+    assert stage_problems(cfg, featurize.stages(cfg)) == ([], [])
 
 
 def _encode(path: str, filters: list[tuple[str, str]], pix_fmt: str, **options: str) -> str:
