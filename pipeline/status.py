@@ -169,7 +169,7 @@ def corpus_status(corpus: Corpus, cfg: Config, by_partition: bool = False) -> di
 
 def _stage_table(title: str, first: str | None = None) -> Table:
     table = Table(title=title, caption="permanent, bad_input: final (build --retry-failed retries "
-                                       "them); transient, blocked: counted in 'to do' too")
+                                       "them); transient, blocked, internal: counted in 'to do' too")
     if first:
         table.add_column(first)
     table.add_column("stage")
