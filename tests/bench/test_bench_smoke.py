@@ -62,21 +62,11 @@ def test_every_bench_script_has_a_smoke_run():
     assert scripts == set(QUICK) | set(SLOW) | BY_FUNCTIONS | LIBRARY
 
 
-@pytest.mark.parametrize("script", sorted(QUICK))
+@pytest.mark.parametrize("script", sorted(QUICK) + [pytest.param(s, marks=pytest.mark.slow) for s in sorted(SLOW)])
 def test_a_tiny_run(script):
     _needs(script)
-    args, expected = QUICK[script]
-    done = _run(script, args, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert expected in done.stdout, done.stdout[-2000:]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("script", sorted(SLOW))
-def test_a_tiny_run_of_a_whole_build(script):
-    _needs(script)
-    args, expected = SLOW[script]
-    done = _run(script, args, timeout=600)
+    args, expected = {**QUICK, **SLOW}[script]
+    done = _run(script, args, timeout=600 if script in SLOW else 300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert expected in done.stdout, done.stdout[-2000:]
 
