@@ -4,7 +4,7 @@ core of the machine instead of the one the GIL leaves to Python threads:
     pool = shared_pool(processes)            # started on first use, kept for later batches
     jobs = plan_jobs({path: requests, ...}, pool.size)
     for key, value in pool.sample(jobs, localize, depth, allocate, finish):
-        ...                                  # finish(frames), or a StageError for that key
+        use(key, value)                      # finish(frames), or a StageError for that key
 
 The workers are plain child interpreters (``python -m pipeline.media.decode_pool``), not
 multiprocessing: the featurize stage runs inside Dask worker processes, which are daemonic, and
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import atexit
+import contextlib
 import math
 import os
 import pickle
@@ -293,10 +294,8 @@ class _Worker:
     def stop(self) -> None:
         """Close its input (it exits) and make sure it is gone."""
         for pipe in (self.send_to, self.read_from):
-            try:
+            with contextlib.suppress(OSError):  # a dead worker's pipe may be broken already
                 pipe.close()
-            except OSError:
-                pass
         try:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
@@ -386,12 +385,11 @@ def _close_pools() -> None:
 
 
 def _grow_pipe(pipe: IO[bytes]) -> None:
-    try:
+    # Not Linux, or above the system's limit: the default buffer works too.
+    with contextlib.suppress(ImportError, AttributeError, OSError):
         import fcntl
 
         fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-    except (ImportError, AttributeError, OSError):
-        pass  # not Linux, or above the system's limit: the default buffer works too
 
 
 def _write_message(pipe: IO[bytes], message: object) -> None:
@@ -446,10 +444,8 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle
-    try:
+    with contextlib.suppress(BrokenPipeError):  # the parent went away
         _serve(int(sys.argv[1]), sys.stdin.buffer, out)
-    except BrokenPipeError:
-        pass  # the parent went away
 
 
 if __name__ == "__main__":

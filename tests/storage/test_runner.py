@@ -61,38 +61,30 @@ def test_an_internal_error_is_retried_by_the_next_run_with_its_traceback_logged(
     assert sorted(attempts) == [1, 2]
 
 
-def test_items_an_earlier_version_failed_for_good_on_its_own_bug_are_retried(memory_root):
-    """Before the internal kind, our own failures were rows of kind permanent whose message
-    began "unexpected " (the breaker's TypeError lost videos so): the next run retries them,
-    and ``status`` counts them as internal, to do."""
+# Rows earlier versions wrote as permanent, and the kind a build and ``status`` read them as.
+_LEGACY = {
+    # Our own failures, before the internal kind ("unexpected ...": the breaker's TypeError).
+    "internal": ["unexpected TypeError: can only concatenate tuple (not \"list\") to tuple"] * 2,
+    # A name that did not resolve (a DNS outage, a machine whose network was not up).
+    "transient": ["[youtube] dQw4w9WgXcQ: Unable to download API page: HTTPSConnection(host='www.youtube.com', "
+                  "port=443): Failed to resolve 'www.youtube.com' ([Errno -2] Name or service not known)",
+                  "[generic] x: Unable to download webpage: <urlopen error [Errno -3] temporary failure in "
+                  "name resolution>"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_LEGACY))
+def test_items_an_earlier_version_judged_lost_by_mistake_are_retried(memory_root, kind):
+    """Items earlier versions failed for good on their own bug or on a network failure: the next
+    run retries them, and ``status`` counts them under their real kind, to do; a 404 keeps its
+    verdict."""
     ctx = _ctx(memory_root)
     ids = stagekit.make_videos(ctx.corpus, 3, extra=("gone1",), partitions=1)
-    legacy = [error_row("download", vid, "permanent", "unexpected TypeError: can only concatenate "
-                        "tuple (not \"list\") to tuple", 1) for vid in ids[:2]]
+    legacy = [error_row("download", vid, "permanent", message, 1) for vid, message in zip(ids, _LEGACY[kind])]
     legacy.append(error_row("download", "demo-gone1", "permanent", "HTTP Error 404: Not Found", 1))
     ctx.corpus.write_batch("errors", legacy, "old", "00000")
     counts = partition_counts(stagekit.DOWNLOAD, ctx, "00000")
-    assert counts.failed == {"internal": 2, "permanent": 1} and counts.todo == 3
-    report = run_stage(stagekit.DOWNLOAD, ctx, batch_size=10)
-    assert (report.skipped_failed, report.ok) == (1, 3)
-    assert set(ctx.corpus.done("downloads")) == set(ids) - {"demo-gone1"}
-
-
-def test_items_an_earlier_version_judged_lost_when_the_network_failed_are_retried(memory_root):
-    """Earlier versions wrote a name that did not resolve (a DNS outage, a machine whose network
-    was not up) as permanent: the next run retries those items, and ``status`` counts them as
-    transient, to do; a 404 keeps its verdict."""
-    ctx = _ctx(memory_root)
-    ids = stagekit.make_videos(ctx.corpus, 3, extra=("gone1",), partitions=1)
-    legacy = [error_row("download", ids[0], "permanent", "[youtube] dQw4w9WgXcQ: Unable to download API page: "
-                        "HTTPSConnection(host='www.youtube.com', port=443): Failed to resolve 'www.youtube.com' "
-                        "([Errno -2] Name or service not known)", 1),
-              error_row("download", ids[1], "permanent", "[generic] x: Unable to download webpage: <urlopen "
-                        "error [Errno -3] temporary failure in name resolution>", 1),
-              error_row("download", "demo-gone1", "permanent", "HTTP Error 404: Not Found", 1)]
-    ctx.corpus.write_batch("errors", legacy, "old", "00000")
-    counts = partition_counts(stagekit.DOWNLOAD, ctx, "00000")
-    assert counts.failed == {"transient": 2, "permanent": 1} and counts.todo == 3
+    assert counts.failed == {kind: 2, "permanent": 1} and counts.todo == 3
     report = run_stage(stagekit.DOWNLOAD, ctx, batch_size=10)
     assert (report.skipped_failed, report.ok) == (1, 3)
     assert set(ctx.corpus.done("downloads")) == set(ids) - {"demo-gone1"}
