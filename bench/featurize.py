@@ -8,14 +8,18 @@ clips of 3 s every 1.5 s (neighbours overlap), each extractor prints frames/s of
       at this extractor's sampling,
   (c) the NVDEC ceiling: PyNvVideoCodec decoding the videos in `--workers` threads (when the
       library and a GPU decoder are there),
-  (d) the whole stage (decode, convert, model, write), once per decode mode available, with
-      the GPU's utilisation sampled during it (nvidia-ml-py, when a GPU is there),
+  (d) the whole stage (decode, convert, model, write), once per decode mode (cpu, nvdec where
+      available, and auto: which of the two features.decode's default takes), with the GPU's
+      utilisation sampled during it (nvidia-ml-py, when a GPU is there), and, to tell the
+      decoding apart from the rest, the stage's decoding and preparing alone, without the model,
   (e) with NVDEC, how its frames agree with the CPU's on the same clips: whether each time got
-      the same frame (not a neighbour), the pixels' difference, and the features' cosine.
+      the same frame (not a neighbour), the pixels' difference, and the features' cosine,
+  (f) with --sweep N..., the whole stage of the first extractor with N decode workers, on the
+      CPU and on NVDEC: what a machine with fewer cores per GPU can expect.
 Goals on one H100 with 16 cores: resnet50 at 2 fps >= 1,300 frames/s, s3d >= 3,000,
 tsm_r50 >= 2,000 for (d).
 Usage: python bench/featurize.py [--extractors resnet50 s3d tsm_r50] [--videos 16]
-       [--seconds 60] [--batch N] [--workers N] [--size 854x480] [--crop 224]
+       [--seconds 60] [--batch N] [--workers N] [--size 854x480] [--crop 224] [--sweep 8 4 2]
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,11 +43,11 @@ from benchkit import make_test_video, pyav_decode
 
 from pipeline import featurize
 from pipeline.config import Config, parse_config
-from pipeline.features.extract import decode_processes, extractor_for
+from pipeline.features.extract import _host_buffer, decode_processes, extractor_for
 from pipeline.ids import clip_id
 from pipeline.media import FrameRequest, frame_times, sample_frames
 from pipeline.media import nvdec
-from pipeline.media.decode_pool import usable_cpus
+from pipeline.media.decode_pool import plan_jobs, shared_pool, usable_cpus
 from pipeline.runner import run_stage
 from pipeline.stages import context
 from pipeline.storage import Corpus
@@ -82,14 +86,15 @@ def make_corpus(root: Path, videos: list[Path], seconds: int) -> list[dict]:
     return clips
 
 
-def config(name: str, args: argparse.Namespace, decode: str) -> Config:
+def config(name: str, args: argparse.Namespace, decode: str, workers: int | None = None) -> Config:
     return parse_config({
         "name": "bench", "sources": [{"type": "urls", "urls": ["http://x/"]}],
         "frames": {"short_side": args.crop * 256 // 224, "crop": args.crop},
         "features": {"extractors": [{"name": name, "weights": "none",
                                      "batch_size": args.batch or BATCH.get(name, 32),
                                      **SAMPLING.get(name, {})}],
-                     "decode": decode, "decode_workers": args.workers, "clips_per_commit": 100_000}})
+                     "decode": decode, "decode_workers": workers or args.workers,
+                     "clips_per_commit": 100_000}})
 
 
 def model_alone(cfg: Config, name: str, clips: list[dict], batch: int) -> float:
@@ -210,6 +215,30 @@ def nvdec_agreement(cfg: Config, name: str, clips: list[dict]) -> str:
             f"mean {np.mean(cosines):.4f}")
 
 
+def sampling_alone(cfg: Config, name: str, clips: list[dict]) -> float:
+    """Clip frames/s of the stage's decoding and preparing (``extractor.prepare``) without the
+    model, on the pool the stage would take for ``cfg``."""
+    extractor = extractor_for(cfg, name)
+    workers = decode_processes(cfg.features)
+    videos: dict[str, list[FrameRequest]] = {}
+    for c in clips:
+        videos.setdefault(c["media_path"], []).append(
+            FrameRequest(c["clip_id"], c["start_s"], c["end_s"], extractor.spec))
+    if nvdec.use_nvdec(cfg.features.decode, extractor.device):
+        pool, jobs = nvdec.shared_pool(workers, extractor.device), plan_jobs(videos, 1)
+    else:
+        pool = shared_pool(workers)
+        jobs = plan_jobs(videos, pool.size, cfg.frames.skip_nonref)
+    for _ in range(2):  # the second: the pool started and warm, as in a build
+        start, frames = time.perf_counter(), 0
+        for _, prepared in pool.sample(jobs, nullcontext,
+                                       cfg.features.queue_size, _host_buffer(extractor.device),
+                                       extractor.prepare):
+            frames += len(prepared)
+        _sync()
+    return frames / (time.perf_counter() - start)
+
+
 def whole_stage(root: Path, cfg: Config) -> tuple[float, list[int]]:
     """Seconds of the featurize stage over every clip, and the GPU's utilisation meanwhile: the
     second of two runs (a build starts its decode workers and warms the model once, then keeps
@@ -224,6 +253,17 @@ def whole_stage(root: Path, cfg: Config) -> tuple[float, list[int]]:
             seconds = time.perf_counter() - start
         assert report.ok == report.total and not report.errors, report
     return seconds, busy
+
+
+def stage_line(decode: str, cfg: Config, work: Path, frames: int, alone: float,
+               label: str = "(d)") -> str:
+    """The whole stage's line for ``cfg``: frames/s, its share of the model alone, the GPU's
+    utilisation meanwhile."""
+    seconds, busy = whole_stage(work / "corpus", cfg)
+    gpu_line = (f"; GPU busy {sum(busy) / len(busy):.0f}% (median {sorted(busy)[len(busy) // 2]}%)"
+                if busy else "")
+    return (f"  {label} whole stage, decode {decode:5s} ({decode_processes(cfg.features):2d} workers)"
+            f"    {frames / seconds:9.0f} frames/s = {frames / seconds / alone:.2f} of (a){gpu_line}")
 
 
 @contextmanager
@@ -253,6 +293,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="features.decode_workers (default: one per CPU)")
     parser.add_argument("--crop", type=int, default=224, help="model input (short side 256/224 of it)")
+    parser.add_argument("--sweep", type=int, nargs="*", default=[],
+                        help="decode workers to run the first extractor's whole stage with, too")
     args = parser.parse_args()
     have_nvdec = nvdec.unavailable() is None
     with tempfile.TemporaryDirectory(prefix="vlcorpus-bench-") as tmp:
@@ -271,6 +313,7 @@ def main() -> None:
         print(f"NVDEC: {'yes' if have_nvdec else 'no, ' + str(nvdec.unavailable())}")
         video_frames = args.videos * args.seconds * FPS
         nv_decoded = None
+        firsts: tuple[str, int, float] | None = None  # the first extractor's, for --sweep
         for name in args.extractors:
             cfg = config(name, args, "cpu")
             extractor = extractor_for(cfg, name)
@@ -293,18 +336,24 @@ def main() -> None:
                     print(f"  (c) NVDEC ceiling, {decode_processes(cfg.features):2d} threads"
                           f"                   {nv_decoded:9.0f} decoded frames/s = "
                           f"{nv_decoded * per_decoded:.0f} clip frames/s")
-            for decode in ["cpu", "nvdec"] if have_nvdec else ["cpu"]:
+            for decode in ["cpu", "nvdec", "auto"] if have_nvdec else ["cpu", "auto"]:
                 with reported(f"(d) decode {decode}"):
                     cfg = config(name, args, decode)
-                    seconds, busy = whole_stage(work / "corpus", cfg)
-                    gpu_line = (f"; GPU busy {sum(busy) / len(busy):.0f}% (median "
-                                f"{sorted(busy)[len(busy) // 2]}%)" if busy else "")
-                    print(f"  (d) whole stage, decode {decode:5s} ({decode_processes(cfg.features)} workers)"
-                          f"     {frames / seconds:9.0f} frames/s = {frames / seconds / alone:.2f} of (a)"
-                          f"{gpu_line}", flush=True)
+                    print(stage_line(decode, cfg, work, frames, alone), flush=True)
+                    print(f"      decoding and preparing alone {sampling_alone(cfg, name, clips):9.0f} "
+                          "frames/s", flush=True)
             if have_nvdec:
                 with reported("(e)"):
                     print(f"  (e) NVDEC against the CPU: {nvdec_agreement(cfg, name, clips)}")
+            firsts = firsts or (name, frames, alone)
+        if args.sweep:
+            name, frames, alone = firsts
+            print(f"\n{name} with fewer decode workers:")
+        for workers in args.sweep:
+            for decode in ["cpu", "nvdec"] if have_nvdec else ["cpu"]:
+                with reported(f"(f) decode {decode}"):
+                    cfg = config(name, args, decode, workers)
+                    print(stage_line(decode, cfg, work, frames, alone, "(f)"), flush=True)
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ class FeaturesConfig(BaseModel):
     decode: Literal["auto", "cpu", "nvdec"] = Field(
         "auto", description="where frames are decoded: nvdec on the GPU's video decoder "
         "(PyNvVideoCodec, the gpu extra; a setup error where it is missing), cpu in worker "
-        "processes, auto nvdec when the features run on a GPU that has it, else cpu (the log says why)"
+        "processes, auto cpu: faster than NVDEC's path on every machine measured (the log says why)"
     )
     decode_workers: int | None = Field(
         None, ge=1, description="processes decoding videos ahead of the model (threads with nvdec); "

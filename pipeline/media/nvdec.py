@@ -7,7 +7,7 @@ decoded, converted to RGB and resized on the GPU: requests get uint8 [T, H, W, 3
 A video whose codec this GPU's decoder lacks is sampled on the CPU instead (``sample_frames``,
 in the feeder's thread), and the log says so once per codec.
 
-    if use_nvdec(config.features.decode, device):   # "auto": when unavailable() is None
+    if use_nvdec(config.features.decode, device):   # "nvdec" asked for, and there
         pool = shared_pool(threads, device)  # decoding threads, each with its CUDA stream
     for key, value in pool.sample(jobs, localize, depth, finish=prepare): ...
 """
@@ -52,19 +52,26 @@ def unavailable() -> str | None:
     return None
 
 
+# Measured with bench/featurize.py on one H100 with 16 cores (docs/benchmarks.md): NVDEC's path
+# fed 310-390 clip frames/s with 2 to 16 threads, CPU decoding 949 with 2 workers and 1,703 with
+# 16; so "auto" decodes on the CPU, and NVDEC is there for whoever asks for it.
+AUTO_ON_CPU = ("NVDEC's path feeds fewer frames than the CPU's decoders on every machine "
+               "measured (docs/benchmarks.md); features.decode: nvdec takes it anyway")
+
+
 def use_nvdec(decode: str, device: torch.device) -> bool:
     """Whether to decode on the GPU for ``features.decode`` (auto, cpu, nvdec) when the model
     runs on ``device``. "nvdec" that cannot be had is a SetupError saying what is missing (the
-    build stops before any work, and ``vlcorpus check`` reports it); "auto" then decodes on the
-    CPU, and the log says why, once."""
+    build stops before any work, and ``vlcorpus check`` reports it); "auto" decodes on the CPU,
+    and the log says why, once."""
     if decode == "cpu":
         return False
     reason = "the features run on the CPU" if device.type != "cuda" else unavailable()
-    if reason is None:
-        return True
     if decode == "nvdec":
-        raise SetupError(f"features.decode is 'nvdec' but {reason}")
-    say_once(f"decoding frames on the CPU (features.decode auto): {reason}")
+        if reason is not None:
+            raise SetupError(f"features.decode is 'nvdec' but {reason}")
+        return True
+    say_once(f"decoding frames on the CPU (features.decode auto): {reason or AUTO_ON_CPU}")
     return False
 
 
@@ -190,17 +197,24 @@ def sample_frames_gpu(path: str, requests: Sequence[FrameRequest], stream: torch
         yield from sample_frames(path, requests)
         return
     collector: Collector[torch.Tensor] = Collector(requests, _GpuImages(turns))
+    decoded = False
     with torch.cuda.stream(stream):
         try:
             for time_s, frame in _decoded(path, stream, offset, collector.next_time):
+                decoded = True
                 for key, frames in collector.add(time_s, frame):
                     stream.synchronize()  # another thread's stream takes it from here
                     yield key, frames
             finished = list(collector.finish())
         except Exception as exc:  # noqa: BLE001 - PyNvVideoCodec's errors have no common base
-            finished = list(collector.fail(f"decoding failed: {exc}"))
+            if not decoded:  # the decoder refused the stream (caps can say yes to what it
+                # cannot decode, e.g. H.264 4:4:4): the CPU takes the whole video
+                say_once(f"NVDEC: {str(exc).strip()[:200]}; such videos are decoded on the CPU")
+                finished = None
+            else:
+                finished = list(collector.fail(f"decoding failed: {exc}"))
         stream.synchronize()
-    yield from finished
+    yield from sample_frames(path, requests) if finished is None else finished
 
 
 class NvdecPool(FeederPool):

@@ -25,7 +25,7 @@ QUICK = {
     "cut": (["--seconds", "10", "--clips", "2", "--repeats", "1"], "exact  one process per clip"),
     "download": (["--pages", "2", "--videos", "1"], "vs c=1"),
     "featurize": (["--videos", "2", "--seconds", "4", "--extractors", "resnet34", "--batch", "4",
-                   "--size", "320x240", "--crop", "64"], "(d) whole stage, decode cpu"),
+                   "--size", "320x240", "--crop", "64", "--sweep", "1"], "(f) whole stage, decode cpu"),
     "frames": (["--seconds", "20", "--clips", "5", "--repeats", "1"], "decoded frames/s (a)/(d)"),
     "noisy_pairs": (["--quick", "--seeds", "1", "--rates", "0.3", "--epochs", "1", "--models", "NCE"],
                     "1 trainings in"),
