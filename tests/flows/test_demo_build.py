@@ -49,6 +49,7 @@ def test_demo_builds_a_valid_corpus_and_resumes(tmp_path):
     assert first["errors"] == {"download": {"bad_input": 1, "permanent": 1}}
     corpus = Corpus(str(tmp_path / "corpus"))
     assert validate(corpus) == []
+    assert {"site_s", "setup_s", "work_s"} <= set(first["timing"])  # the summary's time: line
     # The demo config trains a model; with 2 videos the hash split may leave no test video,
     # which the train stage reports instead of failing the build.
     trained = first["stages"]["train"]
