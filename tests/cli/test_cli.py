@@ -169,7 +169,8 @@ def test_build_output_names_no_shard_folder_an_empty_build_never_wrote_and_ends_
            "timing": {"site_s": 40.0, "setup_s": 3.25, "work_s": 11.2}}, "rich")
     lines = capsys.readouterr().out.strip().splitlines()
     assert "shards: none, no clip to shard yet" in lines and not any("shards/" in line for line in lines)
-    assert lines[-1] == "time: 40.0 s making the demo site, 3.2 s to start (Prefect server, Dask cluster), 11.2 s of work"
+    assert lines[-1] == ("time: 40.0 s making the demo site, 3.2 s to start (Prefect server, Dask cluster), "
+                         "11.2 s of work")
 
 
 def test_a_dead_source_fails_the_build_and_config_paths_are_read_beside_the_config(tmp_path):
