@@ -27,8 +27,8 @@ def init(
     from pipeline.starter import StarterError, style_name, write_starter
 
     try:
-        path = write_starter(name, style, out)
         style = style_name(style)
+        path = write_starter(name, style, out)
     except StarterError as exc:
         _error(exc)
         raise typer.Exit(2) from None
