@@ -17,7 +17,7 @@ PY312 ?= $(firstword $(shell for p in $$(command -v python3.12) $(HOME)/.pyenv/v
 VENV312 := .venv-py312
 TORCH_FREE_TESTS := tests/stages tests/storage
 
-.PHONY: demo test test-py312 lock lock-upgrade lock-check docs system venv schema clean
+.PHONY: demo test test-py312 lock lock-upgrade lock-check docs reference system venv schema clean
 
 # Debian packages, only when a binary is missing (needs root or sudo); chromium checks the
 # HTML report in the tests, PostgreSQL is the Prefect server's database in the production
@@ -81,8 +81,13 @@ lock-check: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
+# The committed reference pages (docs/reference/), from the schema and the command line.
+reference: venv
+	$(VENV)/bin/python docs/hooks/reference.py
+
 schema: venv
 	$(VENV)/bin/vlcorpus schema --write
+	$(VENV)/bin/python docs/hooks/reference.py
 
 clean:
 	rm -rf $(VENV) $(VENV312) $(DEMO_ROOT) .pytest_cache site

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,9 @@ def run_demo(root: Path, n_videos: int = 12, seed: int = 0, until: str | None = 
     if not DEMO_CONFIG.exists():
         raise FileNotFoundError(f"{DEMO_CONFIG} is missing: run the demo from a source checkout")
     site_dir = root / "site"
+    began = time.monotonic()
     _site(site_dir, n_videos, seed)
+    site_s = round(time.monotonic() - began, 2)
     cfg = load_config(DEMO_CONFIG)
     if not _free(port):
         log.warning("port %d is busy; serving on a random port (video ids will differ)", port)
@@ -51,4 +54,6 @@ def run_demo(root: Path, n_videos: int = 12, seed: int = 0, until: str | None = 
         urls = ListSource(type="list", path=str(site_dir / "urls.txt"))
         corpus = str(root / "corpus")
         cfg = cfg.model_copy(update={"sources": [urls], "root": corpus})
-        return run_build(cfg, root=corpus, until=until)
+        summary = run_build(cfg, root=corpus, until=until)
+    summary["timing"]["site_s"] = site_s
+    return summary

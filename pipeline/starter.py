@@ -18,12 +18,8 @@ from pathlib import Path
 from pipeline.config import SCHEMA_PATH
 
 SCHEMA_COMMENT = "# yaml-language-server: $schema="
-# Style -> template file name under pipeline/starters/.
-STYLES: dict[str, str] = {
-    "howto100m": "howto100m.yaml",
-    "apartment-tour": "apartment_tour.yaml",
-    "spoken-moments": "spoken_moments.yaml",
-}
+# The styles, spelled as their recipes in configs/ and their templates pipeline/starters/<style>.yaml.
+STYLES: tuple[str, ...] = ("howto100m", "apartment_tour", "spoken_moments")
 PLACEHOLDER = "my_corpus"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # as Config.name
 
@@ -32,11 +28,18 @@ class StarterError(ValueError):
     """A starter that cannot be written: an unknown style, a bad name, an existing file."""
 
 
+def style_name(style: str) -> str:
+    """``style`` as STYLES spells it; hyphens are taken for underscores (``apartment-tour``, as
+    earlier versions spelled it)."""
+    name = style.replace("-", "_")
+    if name not in STYLES:
+        raise StarterError(f"unknown style {style!r}; styles: {', '.join(STYLES)}")
+    return name
+
+
 def template(style: str) -> str:
     """The packaged template of ``style``, as it is."""
-    if style not in STYLES:
-        raise StarterError(f"unknown style {style!r}; styles: {', '.join(STYLES)}")
-    return resources.files("pipeline").joinpath("starters", STYLES[style]).read_text(encoding="utf-8")
+    return resources.files("pipeline").joinpath("starters", f"{style_name(style)}.yaml").read_text(encoding="utf-8")
 
 
 def schema_reference(directory: Path, schema: Path = SCHEMA_PATH) -> str:
@@ -54,7 +57,7 @@ def starter_text(name: str, style: str, directory: Path) -> str:
                            f"starting with a letter or digit")
     lines = template(style).splitlines(keepends=True)
     if not lines[0].startswith(SCHEMA_COMMENT):
-        raise RuntimeError(f"pipeline/starters/{STYLES[style]}: its first line is not the schema comment")
+        raise RuntimeError(f"pipeline/starters/{style_name(style)}.yaml: its first line is not the schema comment")
     body = "".join(lines[1:]).replace(PLACEHOLDER, name)
     return f"{SCHEMA_COMMENT}{schema_reference(directory)}\n{body}"
 

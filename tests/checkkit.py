@@ -14,8 +14,8 @@ from hubkit import cache_model
 
 TSM_FILE = "TSM_kinetics_RGB_resnet50_shift8_blockres_avg_segment8_e50.pth"
 # What each starter names beside it (its comments say to put them there).
-LISTS = {"apartment-tour": ("tours.txt", "https://www.youtube.com/watch?v=dQw4w9WgXcQ\n"),
-         "spoken-moments": ("moments.csv", "url,start,end\nhttps://www.youtube.com/watch?v=dQw4w9WgXcQ,3,6\n")}
+LISTS = {"apartment_tour": ("tours.txt", "https://www.youtube.com/watch?v=dQw4w9WgXcQ\n"),
+         "spoken_moments": ("moments.csv", "url,start,end\nhttps://www.youtube.com/watch?v=dQw4w9WgXcQ,3,6\n")}
 
 
 def vlcorpus(*args: str, env: dict[str, str] | None = None,
@@ -66,7 +66,7 @@ def put_models(folder: Path) -> dict[str, Path]:
 
 
 def starter(style: str, folder: Path) -> Path:
-    name = f"my_{style.replace('-', '_')}"
+    name = f"my_{style}"
     result = vlcorpus("init", name, "--style", style, "--out", str(folder))
     assert result.returncode == 0, result.stderr
     return folder / f"{name}.yaml"
@@ -77,6 +77,6 @@ def provide(style: str, config: Path, models: dict[str, Path]) -> None:
     if style in LISTS:
         name, text = LISTS[style]
         (config.parent / name).write_text(text)
-    if style == "spoken-moments":
+    if style == "spoken_moments":
         (config.parent / "models").mkdir()
         (config.parent / "models" / TSM_FILE).symlink_to(models["tsm"])

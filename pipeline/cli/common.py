@@ -56,21 +56,21 @@ def _emit(summary: dict, mode: LogFormat) -> None:
         return
     out = stdout_console()
     print_summary(summary, out)
-    timing = summary.get("timing", {})
-    if "setup_s" in timing:
-        out.print(f"time: {timing['setup_s']:.1f} s to start (Prefect server, Dask cluster), "
-                  f"{timing['work_s']:.1f} s of work", highlight=False)
     stages = summary.get("stages", {})
     for name, report in stages.items():
         if isinstance(report, dict) and report.get("stopped"):
             out.print(f"{name}: {report['stopped']}", style="red", markup=False, highlight=False)
     if "report" in stages:
         out.print(f"report: {stages['report']['html']}", highlight=False)
-    for kind in ("webdataset", "parquet"):
-        info = stages.get("shard", {}).get(kind)
-        if info:
+    formats = {kind: info for kind, info in stages.get("shard", {}).items()
+               if kind in ("webdataset", "parquet") and info}
+    for kind, info in formats.items():
+        if info["shards"]:
             out.print(f"{kind} shards: {info['samples']} samples in {info['shards']} shards in "
                       f"{summary['root'].rstrip('/')}/shards/{kind}", highlight=False)
+    if formats and not any(info["shards"] for info in formats.values()):
+        # No folder to point at: nothing was written, and a reader would find nothing there.
+        out.print("shards: none, no clip to shard yet", highlight=False)
     trained = stages.get("train", {})
     if trained.get("t2v"):
         n, t2v = trained["n_test"], trained["t2v"]
@@ -85,6 +85,11 @@ def _emit(summary: dict, mode: LogFormat) -> None:
                       f"{sum(report['errors'].values())} failed; scores/{name.split(':', 1)[1]}", highlight=False)
     if "skipped" in stages.get("score", {}):
         out.print(f"score skipped: {stages['score']['skipped']}", highlight=False)
+    timing = summary.get("timing", {})
+    if "setup_s" in timing:
+        site = f"{timing['site_s']:.1f} s making the demo site, " if "site_s" in timing else ""
+        out.print(f"time: {site}{timing['setup_s']:.1f} s to start (Prefect server, Dask cluster), "
+                  f"{timing['work_s']:.1f} s of work", highlight=False)
 
 
 def _target(target: str, root: str | None) -> tuple[Corpus, Config]:

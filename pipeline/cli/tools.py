@@ -19,13 +19,15 @@ from pipeline.progress import setup_logging
 @app.command()
 def init(
     name: Annotated[str, typer.Argument(metavar="NAME", help="The corpus's name; writes NAME.yaml.")],
-    style: Annotated[str, typer.Option(help="howto100m, apartment-tour or spoken-moments.")] = "howto100m",
+    style: Annotated[str, typer.Option(help="howto100m, apartment_tour or spoken_moments (as in "
+                                            "configs/; apartment-tour works too).")] = "howto100m",
     out: Annotated[Path, typer.Option(help="Folder to write NAME.yaml in.")] = Path("."),
 ) -> None:
     """Write a commented starter config for a corpus style (never over an existing file)."""
-    from pipeline.starter import StarterError, write_starter
+    from pipeline.starter import StarterError, style_name, write_starter
 
     try:
+        style = style_name(style)
         path = write_starter(name, style, out)
     except StarterError as exc:
         _error(exc)

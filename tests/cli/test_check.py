@@ -49,7 +49,7 @@ def test_every_starter_passes_once_what_it_names_is_there(tmp_path, models, styl
 def test_a_starter_as_written_says_what_is_missing_without_the_network(tmp_path, models, offline):
     """Empty caches and a Hub that cannot be reached (or downloads off): one line per missing
     model, at once (offline, the Whisper model's refusal took 19 s of connection retries)."""
-    config = starter("spoken-moments", tmp_path)
+    config = starter("spoken_moments", tmp_path)
     empty = tmp_path / "empty"
     with unreachable_hub() as hub:
         switch = {"VLCORPUS_OFFLINE": "1"} if offline else {}
@@ -78,9 +78,9 @@ def test_a_model_a_build_would_download_is_a_warning_and_nothing_is_downloaded(t
 
     from speech import tiny_model_path
 
-    config = starter("spoken-moments", tmp_path)
-    provide("spoken-moments", config, models)
-    (tmp_path / "moments.csv").write_text(LISTS["spoken-moments"][1])
+    config = starter("spoken_moments", tmp_path)
+    provide("spoken_moments", config, models)
+    (tmp_path / "moments.csv").write_text(LISTS["spoken_moments"][1])
     resnet = urlparse(torchvision.models.ResNet152_Weights.DEFAULT.url).path
     empty = tmp_path / "empty"
     with stand_in_hub({"Systran/faster-whisper-small": tiny_model_path()}, {resnet: models["tsm"]}) as hub:

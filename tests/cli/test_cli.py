@@ -160,6 +160,19 @@ def test_build_output_says_why_a_stage_stopped(capsys):
     assert "download: downloads stopped: the site has refused" in out and "transcribe:" not in out
 
 
+def test_build_output_names_no_shard_folder_an_empty_build_never_wrote_and_ends_with_its_time(capsys):
+    from pipeline.cli import _emit
+
+    empty = {"webdataset": {"written": 0, "shards": 0, "samples": 0},
+             "parquet": {"written": 0, "shards": 0, "samples": 0}}
+    _emit({"root": "r", "tables": {}, "errors": {}, "stages": {"shard": empty},
+           "timing": {"site_s": 40.0, "setup_s": 3.25, "work_s": 11.2}}, "rich")
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "shards: none, no clip to shard yet" in lines and not any("shards/" in line for line in lines)
+    assert lines[-1] == ("time: 40.0 s making the demo site, 3.2 s to start (Prefect server, Dask cluster), "
+                         "11.2 s of work")
+
+
 def test_a_dead_source_fails_the_build_and_config_paths_are_read_beside_the_config(tmp_path):
     """Run from another folder: the config's relative root and list are beside the config. A
     list that is not there yet: the build commits its errors row, says why it is unhealthy,

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tomllib
 import textwrap
 from pathlib import Path
 
@@ -143,3 +144,10 @@ def test_the_core_install_builds_shards_from_subtitles(tmp_path, core_only):
             with_media += sum(name.endswith(".mp4") for name in tar.getnames())
     assert clips > 0 and with_media == clips
     assert (root / "shards" / "parquet" / "index.json").exists()
+
+
+def test_the_install_table_lists_every_extra_and_the_readers():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    assert [e for e in extras if f"\n| `{e}` |" not in page] == []
+    assert "pip install -c constraints.txt datasets duckdb" in page

@@ -15,7 +15,7 @@ import yaml
 
 from conftest import ROOT
 from pipeline.config import SCHEMA_PATH, SearchSource, load_config, parse_config
-from pipeline.starter import SCHEMA_COMMENT, STYLES
+from pipeline.starter import SCHEMA_COMMENT, STYLES, template
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 STARTERS = ROOT / "pipeline" / "starters"
@@ -47,7 +47,7 @@ def key_settings(style: str, cfg) -> None:
         assert (cfg.align.policy, cfg.align.length_s, cfg.align.candidates) == ("fixed", 3.2, 5)
         assert extractors == ["s3d"]
         assert cfg.storage.keep_media is False
-    elif style == "apartment-tour":
+    elif style == "apartment_tour":
         assert set(sources) == {"list", "playlist"}
         assert cfg.transcribe.prefer == ["manual", "auto"]
         assert cfg.filters.require_subtitles == "any"
@@ -66,7 +66,7 @@ def key_settings(style: str, cfg) -> None:
 @pytest.mark.parametrize("style", list(STYLES))
 def test_init_writes_a_starter_that_loads(tmp_path, style):
     out = tmp_path / "configs here"  # created; a space in the path
-    name = f"my_{style.replace('-', '_')}"
+    name = f"my_{style}"
     result = subprocess.run([sys.executable, "-m", "pipeline.cli", "init", name, "--style", style,
                              "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -103,8 +103,8 @@ def _uncomment_optional(text: str) -> str:
 
 @pytest.mark.parametrize("style", list(STYLES))
 def test_the_commented_training_sections_are_valid_when_switched_on(style):
-    text = (STARTERS / STYLES[style]).read_text(encoding="utf-8")
-    cfg = parse_config(yaml.safe_load(_uncomment_optional(text)), STYLES[style])
+    text = (STARTERS / f"{style}.yaml").read_text(encoding="utf-8")
+    cfg = parse_config(yaml.safe_load(_uncomment_optional(text)), f"{style}.yaml")
     assert cfg.train is not None
     assert cfg.train.text in [e.name for e in cfg.features.extractors]
 
@@ -122,7 +122,7 @@ def test_init_refuses_to_overwrite(tmp_path):
 def test_init_refuses_an_unknown_style_and_a_bad_name(tmp_path):
     result = vlcorpus("init", "x", "--style", "howto", "--out", str(tmp_path))
     assert result.returncode == 2
-    assert result.stderr.strip() == "unknown style 'howto'; styles: howto100m, apartment-tour, spoken-moments"
+    assert result.stderr.strip() == "unknown style 'howto'; styles: howto100m, apartment_tour, spoken_moments"
     result = vlcorpus("init", "../x", "--out", str(tmp_path))
     assert result.returncode == 2 and "cannot name a corpus" in result.stderr
     assert not list(tmp_path.iterdir())
@@ -136,7 +136,17 @@ def test_every_config_names_the_schema_first(path):
 
 def test_starters_are_package_data():
     settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    for style, name in STYLES.items():
+    for style in STYLES:
+        name = f"{style}.yaml"
         assert (STARTERS / name).is_file(), style
         assert any(fnmatch.fnmatch(f"starters/{name}", pattern) for pattern in settings["pipeline"])
     assert "*.json" in settings["schemas"]  # the schema the comment names is installed too
+
+
+def test_the_styles_are_spelled_as_in_configs_and_listed_in_the_docs():
+    """One spelling: the recipes' in configs/, which styles.md lists; the hyphenated one of
+    earlier versions still works."""
+    assert set(STYLES) <= {p.stem for p in CONFIGS}
+    page = (ROOT / "docs" / "styles.md").read_text(encoding="utf-8")
+    assert all(f"| `{style}`" in page for style in STYLES)
+    assert template("spoken-moments") == template("spoken_moments")

@@ -6,7 +6,9 @@ runs with 3 videos instead of 12 (tests/flows/test_demo_build.py covers the demo
 the YouTube ids and URL template of the own-corpus section point at the demo's site on
 127.0.0.1 instead. ``make test`` is the suite this test is part of: only its recipe is checked.
 A ``pip install`` runs with ``--dry-run``: it resolves what it would install from the lock's
-constraints, without installing (tests/flows/test_image.py installs from them for real)."""
+constraints, without installing (tests/flows/test_image.py installs from them for real).
+Then the Python blocks of docs/outputs.md run on the demo's corpus, as written, in page order
+and in one process, as a reader pastes them into one session."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from pipeline.ids import video_id
 pytestmark = pytest.mark.slow
 
 PAGE = DOCS / "getting-started.md"
+OUTPUTS = DOCS / "outputs.md"
 YOUTUBE = "https://www.youtube.com/watch?v={id}"
 DEMO_VIDEOS = 3
 
@@ -104,4 +107,6 @@ def test_every_getting_started_command_runs_as_written(tmp_path):
     assert {"make demo", "make test", ".venv/bin/vlcorpus build my_tours.yaml",
             ".venv-mine/bin/pip install -c constraints.txt '.[features,asr]'"} <= set(ran)
     assert (work / "demo-corpus" / "corpus" / "train" / "wal" / "metrics.json").exists()
+    readers = "".join(b.text for b in code_blocks(OUTPUTS) if b.language == "python")
+    _run(f".venv/bin/python - <<'PY'\n{readers}PY", work, env)
     assert list((work / "my_tours-corpus" / "shards" / "parquet").glob("split=*/*.parquet"))

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import require_binaries
+from conftest import ROOT, require_binaries
 from pipeline.storage import Corpus
 from pipeline.validate import validate
 
@@ -49,11 +49,13 @@ def test_demo_builds_a_valid_corpus_and_resumes(tmp_path):
     assert first["errors"] == {"download": {"bad_input": 1, "permanent": 1}}
     corpus = Corpus(str(tmp_path / "corpus"))
     assert validate(corpus) == []
+    assert {"site_s", "setup_s", "work_s"} <= set(first["timing"])  # the summary's time: line
     # The demo config trains a model; with 2 videos the hash split may leave no test video,
-    # which the train stage reports instead of failing the build.
+    # which the train stage reports instead of failing the build, in the words the page quotes.
     trained = first["stages"]["train"]
     if "skipped" in trained:
-        assert "pairs" in trained["skipped"]
+        said = "no pair is in the test split, and scoring the training pairs would leak"
+        assert said in trained["skipped"] and said in (ROOT / "docs" / "getting-started.md").read_text()
     else:
         assert trained["n_test"] >= 2 and 0 <= trained["t2v"]["R@1"] <= 100
         assert (tmp_path / "corpus" / "train" / "wal" / "metrics.json").exists()

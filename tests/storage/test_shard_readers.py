@@ -233,8 +233,9 @@ def test_vlcorpus_dask_and_pytorch_read_the_shards(corpus, snippets):
     assert snippets["videos"].num_rows == len(SPLITS)
     assert snippets["table"].num_rows == len(_clips(corpus))
     assert sorted(snippets["frame"]["split"].unique().compute()) == sorted(_by_split(corpus))
-    batch = next(iter(snippets["loader"]))
+    batch = snippets["batch"]
     assert 0 < len(batch) <= 32 and {"clip_id", "resnet34"} <= set(batch[0])
+    assert all(list(row["resnet34"].shape) == row["resnet34_shape"].tolist() for row in batch)
 
 
 def test_datasets_types_uniform_webdataset_shards_without_a_card(tmp_path, offline):
