@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
