@@ -67,8 +67,9 @@ def cut_videos(videos: Sequence[tuple[str, Sequence[ClipCut]]], precision: Liter
     keeping the aspect (even width) and ``fps`` resamples. Its audio is copied when MP4 takes
     the source's codec (``COPY_AUDIO_CODECS``; to the packet, which may run past the last frame
     by ``COPIED_AUDIO_SLACK_S`` at most), else encoded again (to the sample). ``copy`` copies
-    the streams without re-encoding, so a clip starts at the last keyframe at or before its start (up to one GOP early), may end a
-    few frames late (B-frame reordering), and ``height``/``fps``/``codec`` do not apply.
+    the streams without re-encoding, so a clip starts at the last keyframe at or before its
+    start (up to one GOP early), may end a few frames late (B-frame reordering), and
+    ``height``/``fps``/``codec`` do not apply.
     ``audio`` keeps the first audio track when there is one. Outputs appear under their names
     only when whole.
     """
