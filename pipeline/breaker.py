@@ -127,12 +127,13 @@ def paused(states: Sequence[State], start: float, end: float) -> tuple[int, floa
     return count, total
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds as a reader takes them: "45 s", "12 min"."""
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def stop_message(blocked_s: float, policy: Policy) -> str:
-    return (f"downloads stopped: the site has refused this session for {_duration(blocked_s)} "
+    return (f"downloads stopped: the site has refused this session for {duration(blocked_s)} "
             f"(bot check, HTTP 429, 'try again later' or HTTP 403 across videos), longer than "
             f"download.max_block_s ({policy.max_block_s:g} s). The videos not downloaded are "
             f"left to do, not failed: the next run tries them again. To get through sooner, give "

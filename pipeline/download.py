@@ -10,7 +10,10 @@ Politeness and blocks, shared by every worker and build once flows/ installs Pre
 ``download.rate_limit``, and holds a slot of ``download.per_host`` and of
 ``download.concurrency``. A video refused because the session is blocked waits out the pause
 and is tried again; a block longer than ``download.max_block_s`` stops the stage with the
-videos not downloaded left to do. Each run's figures land in ``runs/download/`` for the report.
+videos not downloaded left to do. The network being down pauses and stops downloads the same
+way (pipeline/outage.py, ``download.max_outage_s``), and a host whose name stops resolving is
+judged gone only from evidence across runs (pipeline/gone_hosts.py). Each run's figures land
+in ``runs/download/`` for the report.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from urllib.parse import unquote, urlsplit
 import pyarrow.dataset as ds
 from yt_dlp.utils import download_range_func
 
-from pipeline import limits
+from pipeline import gone_hosts, limits
 from pipeline.breaker import Gate, Policy, Ticket
 from pipeline.config import Config, DownloadConfig
 from pipeline.discover.filters import scheme_problem
@@ -42,14 +45,18 @@ from pipeline.errors import (
     BadInputError,
     BlockedError,
     ErrorKind,
+    NetworkError,
     PermanentError,
     SetupError,
     StageStopped,
     classify,
     error,
+    name_not_found,
+    network_failure,
 )
 from pipeline.ids import safe_id
 from pipeline.media import check_video
+from pipeline.outage import NetworkDown, Watch, network_down
 from pipeline.progress import log
 from pipeline.retention import needed_again
 from pipeline.setup import require_binaries
@@ -176,12 +183,16 @@ def _remove(paths: Sequence[str]) -> None:
 
 @dataclass
 class _Batch:
-    """What the videos of one batch share: the breaker, refusals met per video, and the HTTP
-    403s to judge once the batch is over (by then other videos say whether it was a block)."""
+    """What the videos of one batch share: the breaker and the network watch, refusals met per
+    video, the HTTP 403s to judge once the batch is over (by then other videos say whether it
+    was a block), and the videos whose host did not resolve (host, when)."""
 
     gate: Gate
+    watch: Watch
     refusals: Counter = field(default_factory=Counter)
     forbidden: dict[str, tuple[Ticket, float]] = field(default_factory=dict)
+    unresolved: dict[str, tuple[str, float]] = field(default_factory=dict)
+    gone: dict[str, str | None] = field(default_factory=dict)  # host -> verdict, read once a batch
 
 
 def _gate(cfg: DownloadConfig) -> Gate:
@@ -189,6 +200,12 @@ def _gate(cfg: DownloadConfig) -> Gate:
                     cfg.block_cooldown_max_s, cfg.max_block_s)
     store = limits.store(f"{cfg.concurrency_limit}-breaker")
     return Gate(store, policy, [egress.key for egress in egresses(cfg)])
+
+
+def _watch(cfg: DownloadConfig) -> Watch:
+    policy = Policy(cfg.network_threshold, cfg.block_window_s, cfg.network_cooldown_s,
+                    cfg.network_cooldown_max_s, cfg.max_outage_s)
+    return Watch(limits.store(f"{cfg.concurrency_limit}-network"), policy)
 
 
 @contextmanager
@@ -206,8 +223,10 @@ def _slots(cfg: DownloadConfig, url: str) -> Iterator[None]:
 
 def _download(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch
               ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """The yt-dlp call of a video, through the breaker: (info, its options, dropped tracks)."""
+    """The yt-dlp call of a video, through the network watch and the breaker: (info, its
+    options, dropped tracks)."""
     dl, vid = cfg.download, row["video_id"]
+    host = urlsplit(row["url"]).hostname or "none"
     by_key = {egress.key: egress for egress in egresses(dl)}
     forbidden = 0
     while True:
@@ -215,33 +234,37 @@ def _download(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch
             if dl.rate_limit:
                 limits.rate(f"{dl.concurrency_limit}-rate", dl.rate_limit, dl.concurrency)
             # Last before the request: a pause that began meanwhile still holds it back.
+            batch.watch.admit()
             ticket = batch.gate.admit()
             opts = ytdlp_options(cfg, workdir, vid, row, by_key[ticket.egress])
             caps = _Caps(dl)
             opts["progress_hooks"] = [caps]
-            try:
-                info, dropped = download(row["url"], opts,
-                                         lambda got: _unreadable_subtitles(got, workdir, vid))
-            except (FileTooLarge, DownloadTooSlow):
-                # Nothing to resume: the next try would stop at the same cap.
-                _remove(sorted(caps.files | {f"{name}.part" for name in caps.files}))
-                raise
-            except BlockedError:
-                batch.refusals[vid] += 1
-                if batch.gate.refused(ticket, vid):
-                    continue  # its egress now pauses: this video waits, then goes again
-                raise
-            except ForbiddenError:
-                forbidden += 1
-                if forbidden == 1:
-                    continue  # a signed media URL may have expired: extract again, once
-                batch.refusals[vid] += 1
-                if batch.gate.refused(ticket, vid, strong=False):
-                    forbidden = 0  # 403s across videos paused the egress: a block after all
-                    continue
-                batch.forbidden[vid] = (ticket, batch.gate.clock())
-                raise
-            break
+            # Leaving it, a network failure is recorded, and swallowed when the network is now
+            # down: the loop then goes again once it is back (a network outage is no verdict).
+            with batch.watch.attempt(vid, host, ticket.admitted):
+                try:
+                    info, dropped = download(row["url"], opts,
+                                             lambda got: _unreadable_subtitles(got, workdir, vid))
+                except (FileTooLarge, DownloadTooSlow):
+                    # Nothing to resume: the next try would stop at the same cap.
+                    _remove(sorted(caps.files | {f"{name}.part" for name in caps.files}))
+                    raise
+                except BlockedError:
+                    batch.refusals[vid] += 1
+                    if batch.gate.refused(ticket, vid):
+                        continue  # its egress now pauses: this video waits, then goes again
+                    raise
+                except ForbiddenError:
+                    forbidden += 1
+                    if forbidden == 1:
+                        continue  # a signed media URL may have expired: extract again, once
+                    batch.refusals[vid] += 1
+                    if batch.gate.refused(ticket, vid, strong=False):
+                        forbidden = 0  # 403s across videos paused the egress: a block after all
+                        continue
+                    batch.forbidden[vid] = (ticket, batch.gate.clock())
+                    raise
+                break
     # Out of the slot: the breaker's bookkeeping is no download.
     batch.gate.succeeded(ticket)
     return info, opts, dropped
@@ -249,7 +272,12 @@ def _download(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch
 
 def _fetch(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch) -> Outcome:
     vid = row["video_id"]
-    info, opts, dropped = _download(row, cfg, workdir, batch)
+    try:
+        info, opts, dropped = _download(row, cfg, workdir, batch)
+    except NetworkError as exc:
+        if name_not_found(str(exc)):  # judged once the batch is over (pipeline/gone_hosts.py)
+            batch.unresolved[vid] = (urlsplit(row["url"]).hostname or "none", batch.watch.clock())
+        raise
     for note in dropped:
         log.warning("%s: %s; the next subtitle source is used", vid, note)
     media = _media_path(info, opts["logger"].notes)
@@ -382,10 +410,37 @@ def _forbidden_verdict(outcome: Outcome, batch: _Batch, ctx: StageContext) -> No
                             "videos too or none got through: taken as a block, tried next run)")
 
 
+def _unresolved_verdict(outcome: Outcome, batch: _Batch, ctx: StageContext) -> None:
+    """A video whose host did not resolve: evidence against the host when other hosts were
+    reached meanwhile, and permanent once that evidence spans enough days."""
+    host, at = batch.unresolved[outcome.key]
+    if not batch.watch.others_up(host, at):
+        return  # the network may have been failing: no evidence either way
+    dl = ctx.config.download
+    if host not in batch.gone:
+        batch.gone[host] = gone_hosts.verdict(ctx.corpus, host, datetime.now(UTC),
+                                              dl.gone_host_runs, dl.gone_host_days)
+    gone = batch.gone[host]
+    if gone is None:
+        outcome.message += gone_hosts.evidence(host)
+    else:
+        outcome.kind, outcome.message = ErrorKind.PERMANENT, f"{gone}. Last: {outcome.message}"
+
+
+def _settled(outcomes: list[Outcome], stop: StageStopped) -> list[Outcome]:
+    """The outcomes a stop commits: with the network down, not the videos that failed on it
+    (they stay to do, with no errors row: the outage is no verdict on them)."""
+    if not isinstance(stop, NetworkDown):
+        return outcomes
+    return [o for o in outcomes if o.ok or not network_failure(o.message)]
+
+
 def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
-    """Download a batch with up to ``download.concurrency`` videos in flight. HTTP 403s are
-    judged once the batch is over; a stop (StageStopped) keeps the outcomes settled so far."""
-    batch = _Batch(_gate(ctx.config.download))
+    """Download a batch with up to ``download.concurrency`` videos in flight. HTTP 403s and
+    hosts that did not resolve are judged once the batch is over; a stop (StageStopped) keeps
+    the outcomes settled so far."""
+    dl = ctx.config.download
+    batch = _Batch(_gate(dl), _watch(dl))
     one = per_item(lambda item, c: download_one(item, c, batch))
 
     def run(item: Item) -> Outcome | StageStopped:
@@ -402,17 +457,21 @@ def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
             outcome.stats["refusals"] = batch.refusals[outcome.key]
         if not outcome.ok and outcome.key in batch.forbidden:
             _forbidden_verdict(outcome, batch, ctx)
+        if outcome.kind == ErrorKind.TRANSIENT and outcome.key in batch.unresolved:
+            _unresolved_verdict(outcome, batch, ctx)
     stops = [r for r in results if isinstance(r, StageStopped)]
     if stops:
-        raise StageStopped(str(stops[0]), finished=outcomes)
+        raise type(stops[0])(str(stops[0]), finished=_settled(outcomes, stops[0]))
     return outcomes
 
 
 def finish(ctx: StageContext, report: StageReport, started: float) -> dict[str, Any]:
     """Figures of a download run (kept in ``runs/download/`` for the report): downloads per
-    minute, pauses for blocks and their length, outcomes by kind."""
+    minute, pauses for blocks and for network outages and their length, outcomes by kind, and
+    whether the network was down when the stage stopped."""
     ended = time.time()
     pauses, paused_s = _gate(ctx.config.download).paused(started, ended)
+    outages, outage_s = _watch(ctx.config.download).paused(started, ended)
     figures = {
         "started": datetime.fromtimestamp(started, UTC).isoformat(),
         "seconds": round(ended - started, 1),
@@ -425,6 +484,9 @@ def finish(ctx: StageContext, report: StageReport, started: float) -> dict[str, 
         "errors": dict(report.errors),
         "left": report.left,
         "stopped": report.stopped,
+        "outages": outages,
+        "outage_s": round(outage_s, 1),
+        "network_down": network_down(report.stopped),
     }
     if report.items:
         stamp = datetime.fromtimestamp(started, UTC).strftime("%Y%m%dT%H%M%S.%fZ")

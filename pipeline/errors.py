@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import re
 import socket
 import ssl
 from collections.abc import Sequence
@@ -40,6 +41,11 @@ class PermanentError(StageError):
 
 class BadInputError(StageError):
     kind = ErrorKind.BAD_INPUT
+
+
+class NetworkError(TransientError):
+    """The network failed on the way to the site (see NETWORK_FAILURE): downloads tell a
+    network that is down from one video's failure with pipeline/outage.py."""
 
 
 class BlockedError(StageError):
@@ -95,6 +101,28 @@ NETWORK_FAILURE = (
     r"|Network is unreachable|No route to host|Failed to establish a new connection"
     r"|SSL(Error|:)|\bTLS\b|handshake|ProxyError|Unable to connect to proxy|Tunnel connection failed"
 )
+_NETWORK = re.compile(NETWORK_FAILURE, re.I)
+# Of those, the resolver's answer that the name does not exist (EAI_NONAME, EAI_NODATA), as
+# opposed to its "try again" (EAI_AGAIN) when it cannot reach a name server. Still transient on
+# its own: only the same host failing so on several days while others resolve makes it final
+# (pipeline/gone_hosts.py).
+_NAME_NOT_FOUND = re.compile(r"Name or service not known|nodename nor servname|getaddrinfo failed"
+                             r"|No address associated with hostname|Errno -[25]\b", re.I)
+
+
+def network_failure(message: str) -> bool:
+    """Whether ``message`` says the network failed (see NETWORK_FAILURE)."""
+    return _NETWORK.search(message) is not None
+
+
+def name_not_found(message: str) -> bool:
+    """Whether ``message`` says a host name does not exist."""
+    return _NAME_NOT_FOUND.search(message) is not None
+
+# A host judged gone from evidence across runs (pipeline/gone_hosts.py): the one permanent
+# verdict whose message names a network failure (the resolver's last answer), so planning must
+# not read it as a legacy network row.
+GONE_HOST_PREFIX = "host gone: "
 
 INTERNAL_PREFIX = "internal error"
 # What earlier versions wrote for the same failures, with the kind permanent: planning retries

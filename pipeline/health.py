@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import HealthConfig
+from pipeline.outage import network_down
 
 
 @dataclass
@@ -66,6 +67,10 @@ def assess(limits: HealthConfig, summary: dict[str, Any]) -> Health:
             health.problems.append(f"discover added {added} new videos (at least {limits.min_new_videos} expected)")
     failed_counts: dict[str, tuple[int, int]] = {}
     for name, report in stages.items():
+        # An outage fails nothing (the videos stay to do), so no fraction below shows it.
+        if isinstance(report, dict) and network_down(report.get("stopped")):
+            health.problems.append(f"the network was down: {name} stopped with {report.get('left', 0)} "
+                                   f"items left to do for the next run")
         counted = _tried_failed(report)
         if counted is None or counted[0] == 0:
             continue

@@ -14,6 +14,8 @@ JSON shape (``vlcorpus status ROOT --json``)::
                 "featurize:<extractor>": COUNTS, ..., "shard": COUNTS,
                 "score:<model>": COUNTS},            # with a score section
      "corpus_errors": {step: {kind: items}},         # discover, report, train
+     "network_down": null | {"run": str, "left": int, "message": str},
+                                                     # the newest download run stopped on an outage
      "by_partition": {"00000": {stage: COUNTS}}}     # only with --partitions
 
     COUNTS = {"table": str,        # what the stage writes (shards: the shard index)
@@ -31,6 +33,7 @@ per corpus: their failures are under ``corpus_errors``).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -141,6 +144,16 @@ def corpus_errors(corpus: Corpus) -> dict[str, dict[str, int]]:
             for step, kinds in sorted(found.items())}
 
 
+def network_down(corpus: Corpus) -> dict[str, Any] | None:
+    """When the newest download run stopped because the network was down: when it began, the
+    videos it left to do, and its message (from its figures in ``runs/download/``)."""
+    paths = sorted(corpus.fs.glob(corpus.path("runs/download/*.json")))
+    figures = json.loads(corpus.fs.cat(paths[-1])) if paths else {}
+    if not figures.get("network_down"):
+        return None
+    return {"run": figures["started"], "left": figures["left"], "message": figures["stopped"]}
+
+
 def corpus_status(corpus: Corpus, cfg: Config, by_partition: bool = False) -> dict[str, Any]:
     """Every per-partition stage's figures over the corpus (and per partition when asked),
     read one partition at a time; the JSON shape is in this module's docstring."""
@@ -161,6 +174,7 @@ def corpus_status(corpus: Corpus, cfg: Config, by_partition: bool = False) -> di
         "root": corpus.url, "partitions": len(labels),
         "stages": {name: counts.as_dict() for name, counts in totals.items()},
         "corpus_errors": corpus_errors(corpus),
+        "network_down": network_down(corpus),
     }
     if by_partition:
         status["by_partition"] = per_partition
@@ -194,6 +208,11 @@ def print_status(status: dict[str, Any], console: Console | None = None) -> None
     for name, counts in status["stages"].items():
         table.add_row(name, *_row(counts))
     console.print(table)
+    if status["network_down"]:
+        down = status["network_down"]
+        console.print(f"the network was down: the download run of {down['run']} stopped with "
+                      f"{down['left']} videos left to do ({down['message']})", style="red",
+                      soft_wrap=True, highlight=False, markup=False)
     if status["corpus_errors"]:
         steps = Table(title="corpus-wide steps: failures")
         for name in ("step", "kind", "items"):

@@ -17,7 +17,15 @@ from yt_dlp.networking.exceptions import RequestError
 from yt_dlp.utils import parse_bytes
 
 from pipeline.config import DownloadConfig
-from pipeline.errors import NETWORK_FAILURE, ErrorKind, PermanentError, StageError, error
+from pipeline.errors import (
+    NETWORK_FAILURE,
+    ErrorKind,
+    PermanentError,
+    NetworkError,
+    StageError,
+    error,
+    network_failure,
+)
 from pipeline.progress import log
 from pipeline.ytdlp_args import browser_cookies, extractor_args, preset_options
 
@@ -78,6 +86,8 @@ def _classified(exc: Exception) -> StageError:
     kind = classify_message(message)
     if kind == ErrorKind.PERMANENT and _FORBIDDEN.search(message):
         return ForbiddenError(message)
+    if kind == ErrorKind.TRANSIENT and network_failure(message):
+        return NetworkError(message)
     return error(kind, message)
 
 

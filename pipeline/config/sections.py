@@ -107,6 +107,22 @@ class DownloadConfig(BaseModel):
     max_block_s: float = Field(
         3600, gt=0, description="a block lasting longer stops the stage; the videos left are "
                                 "tried again by the next run")
+    # When the network fails rather than a site (no name resolves, connections refused or
+    # timing out): see pipeline/outage.py and pipeline/gone_hosts.py.
+    network_threshold: int = Field(
+        5, ge=2, le=100, description="videos failing on the network in a row (no site reached in "
+                                     "between, within block_window_s) that make the network count "
+                                     "as down: every download pauses")
+    network_cooldown_s: float = Field(30, gt=0, description="first pause; doubles while it stays down")
+    network_cooldown_max_s: float = Field(300, gt=0)
+    max_outage_s: float = Field(
+        1800, gt=0, description="an outage lasting longer stops the stage; the videos left are "
+                                "tried again by the next run, none is failed")
+    gone_host_runs: int = Field(
+        3, ge=2, description="days on which a host's name must have failed to resolve while "
+                             "other hosts resolved before its videos fail for good")
+    gone_host_days: float = Field(
+        7, ge=1, description="days at least from the first of those failures to the last")
     # Identity and egress: secrets never reach tables, logs or error messages.
     proxy: SecretStr | None = None
     proxies: list[SecretStr] = Field(
@@ -169,6 +185,9 @@ class DownloadConfig(BaseModel):
         if self.block_cooldown_max_s < self.block_cooldown_s:
             problems.append((("block_cooldown_max_s",), f"less than block_cooldown_s "
                              f"({self.block_cooldown_max_s} < {self.block_cooldown_s})"))
+        if self.network_cooldown_max_s < self.network_cooldown_s:
+            problems.append((("network_cooldown_max_s",), f"less than network_cooldown_s "
+                             f"({self.network_cooldown_max_s} < {self.network_cooldown_s})"))
         raise_if(problems)
         return self
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from pipeline.errors import LEGACY_INTERNAL_PREFIX, NETWORK_FAILURE, ErrorKind
+from pipeline.errors import GONE_HOST_PREFIX, LEGACY_INTERNAL_PREFIX, NETWORK_FAILURE, ErrorKind
 from pipeline.runner.stage import Item, Stage, StageContext, StageReport
 from pipeline.storage import Corpus
 
@@ -24,11 +24,12 @@ FINAL_KINDS = (ErrorKind.PERMANENT.value, ErrorKind.BAD_INPUT.value)
 # and transient for those they wrote as permanent when the network failed (a name that did not
 # resolve), so that the next run retries those items instead of skipping them for good.
 _PERMANENT = ds.field("kind") == ErrorKind.PERMANENT.value
+# A host judged gone across runs (GONE_HOST_PREFIX) stays permanent: that is a verdict.
+_LEGACY_NETWORK = (_PERMANENT & ~pc.starts_with(ds.field("message"), GONE_HOST_PREFIX)
+                   & pc.match_substring_regex(ds.field("message"), NETWORK_FAILURE, ignore_case=True))
 KIND = pc.if_else(_PERMANENT & pc.starts_with(ds.field("message"), LEGACY_INTERNAL_PREFIX),
                   ErrorKind.INTERNAL.value,
-                  pc.if_else(_PERMANENT & pc.match_substring_regex(ds.field("message"), NETWORK_FAILURE,
-                                                                   ignore_case=True),
-                             ErrorKind.TRANSIENT.value, ds.field("kind")))
+                  pc.if_else(_LEGACY_NETWORK, ErrorKind.TRANSIENT.value, ds.field("kind")))
 
 
 def stage_errors(corpus: Corpus, stage: str, partition: str) -> pa.Table:
