@@ -1,26 +1,39 @@
-"""A name resolver for tests, in the process: host names under ``.test`` resolve to 127.0.0.1
-(where tests/flakyserver.py serves) until told otherwise. It replaces ``socket.getaddrinfo``,
-which every HTTP client yt-dlp uses goes through, so what fails is the real lookup of a real
-request and the messages are yt-dlp's own.
+"""A name resolver for tests: host names under ``.test`` resolve to 127.0.0.1 (where
+tests/flakyserver.py serves) until told otherwise. It replaces ``socket.getaddrinfo``, which
+every HTTP client yt-dlp uses goes through, so what fails is the real lookup of a real request
+and the messages are yt-dlp's own.
 
 - ``gone``: names that do not exist (EAI_NONAME, "Name or service not known"), as for a domain
   that has lapsed;
-- an outage (``outage``): after a number of lookups, every name fails for some seconds
-  (EAI_AGAIN, "Temporary failure in name resolution"), as when the resolver reaches no name
-  server because the network is down; ``up()`` ends it.
+- an outage: every name fails (EAI_AGAIN, "Temporary failure in name resolution"), as when the
+  resolver reaches no name server because the network is down.
+
+``resolver()`` serves this process, with an outage after a number of lookups. ``shared()``
+serves a build's worker processes too: its state is a file the test rewrites (``down()``,
+``up()``), read at each lookup by every process started with ``resolver_site/`` on PYTHONPATH
+(its sitecustomize installs it).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # worker processes import this module: no pytest there
+    import pytest
 
 _real = socket.getaddrinfo
+STATE_ENV = "VLCORPUS_TEST_RESOLVER"
+SITE = Path(__file__).parent / "resolver_site"
 
 
 @dataclass
@@ -66,5 +79,40 @@ def resolver(gone: set[str] | None = None) -> Iterator[Resolver]:
     socket.getaddrinfo = fake.getaddrinfo
     try:
         yield fake
+    finally:
+        socket.getaddrinfo = _real
+
+
+@dataclass
+class FileResolver(Resolver):
+    """The resolver whose outage is a state file: {"down": bool}."""
+
+    path: str = ""
+
+    def _down(self) -> bool:
+        return json.loads(Path(self.path).read_text())["down"]
+
+    def down(self, value: bool = True) -> None:
+        Path(self.path).write_text(json.dumps({"down": value}))
+
+    def up(self) -> None:
+        self.down(False)
+
+
+def install(path: str) -> None:
+    """Resolve through the state file at ``path`` in this process."""
+    socket.getaddrinfo = FileResolver(path=path).getaddrinfo
+
+
+@contextmanager
+def shared(path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FileResolver]:
+    """The resolver of this process and of every process it starts from now on."""
+    control = FileResolver(path=str(path))
+    control.down(False)
+    monkeypatch.setenv(STATE_ENV, str(path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")])))
+    socket.getaddrinfo = control.getaddrinfo
+    try:
+        yield control
     finally:
         socket.getaddrinfo = _real

@@ -31,6 +31,11 @@ def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext, partition:
         try:
             outcomes = _process_guarded(stage, pending, ctx)
         except StageStopped as stop:
+            # The items this attempt retried keep only what the stop settled: an earlier
+            # transient failure of theirs is no outcome (the stop's cause, a network down, may
+            # be its cause too), so they stay to do with no errors row.
+            for item in pending:
+                settled.pop(item.key, None)
             for outcome in stop.finished:
                 tries[outcome.key] = attempt
                 settled[outcome.key] = outcome

@@ -154,3 +154,23 @@ def test_a_stopped_batch_commits_what_it_finished_and_leaves_the_rest_to_do(memo
     again = run_stage(stagekit.DOWNLOAD, ctx, batch_size=4)
     assert (again.skipped_done, again.skipped_failed, again.ok) == (1, 0, 3)
     assert validate(ctx.corpus) == []
+
+
+def test_a_stop_on_a_retry_leaves_the_retried_items_to_do_with_no_row(memory_root):
+    """A network outage: the first attempt fails an item transient, the retry stops the stage
+    before the item has an outcome. Its earlier failure is no outcome: no errors row."""
+    ctx = _ctx(memory_root)
+    stagekit.make_videos(ctx.corpus, 2, partitions=1)
+    attempts = []
+
+    def fails_then_stops(items, c):
+        attempts.append([i.key for i in items])
+        if len(attempts) == 1:
+            return [*stagekit.DOWNLOAD.process(items[:1], c),
+                    Outcome(items[1].key, kind=ErrorKind.TRANSIENT, message="Connection refused")]
+        raise StageStopped("downloads stopped: the network is down")
+
+    report = run_stage(replace(stagekit.DOWNLOAD, process=fails_then_stops), ctx, batch_size=2)
+    assert len(attempts) == 2 and len(attempts[1]) == 1
+    assert (report.ok, report.errors, report.left) == (1, {}, 1)
+    assert ctx.corpus.read("errors").num_rows == 0

@@ -1,0 +1,62 @@
+"""A network outage in the middle of a real build (Prefect server, Dask worker processes, real
+yt-dlp against a site on 127.0.0.1 whose names stop resolving in every process): the build
+says the network is down, stops downloads with nothing failed and no errors rows, ends
+unhealthy, status says why; the rerun after the outage downloads every video."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from conftest import require_binaries
+from flakyserver import flaky_server, tiny_mp4
+from flows.build import run_build
+from pipeline.config import parse_config
+from pipeline.outage import network_down
+from pipeline.status import network_down as status_network_down
+from pipeline.storage import Corpus
+from resolverkit import shared
+
+pytestmark = pytest.mark.slow
+
+
+def test_an_outage_in_the_middle_of_a_build_loses_nothing(tmp_path, prefect_server, monkeypatch):
+    require_binaries("ffmpeg", "ffprobe")
+    media = tiny_mp4(tmp_path / "tiny.mp4")
+    root = str(tmp_path / "corpus")
+    with (shared(tmp_path / "resolver.json", monkeypatch) as names,
+          flaky_server(media, p429=0, pdrop=0) as (base, stats)):
+        port = base.rsplit(":", 1)[1]
+        urls = [f"http://{host}.test:{port}/v/{host}{i}.html" for host in "ab" for i in range(6)]
+        cfg = parse_config({
+            "name": "outage", "sources": [{"type": "urls", "urls": urls}],
+            "download": {"concurrency_limit": "test-outage", "concurrency": 2, "per_host": None,
+                         "rate_limit": None, "subtitle_langs": ["en"], "network_threshold": 3,
+                         "network_cooldown_s": 0.5, "network_cooldown_max_s": 1, "max_outage_s": 3},
+            "execution": {"retry_backoff_s": 0.1, "batch_size": 2, "n_workers": 2,
+                          "threads_per_worker": 1, "partitions": 2},
+        })
+
+        def outage_after_some_videos() -> None:
+            deadline = time.monotonic() + 300
+            while stats.requests < 8 and time.monotonic() < deadline:  # ~3 videos
+                time.sleep(0.05)
+            names.down()
+
+        threading.Thread(target=outage_after_some_videos, daemon=True).start()
+        first = run_build(cfg, root=root, until="download")
+        names.up()
+        corpus = Corpus(root)
+        left = status_network_down(corpus)
+        second = run_build(cfg, root=root, until="download")
+    report = first["stages"]["download"]
+    assert network_down(report["stopped"]) and report["left"] > 0 and report["errors"] == {}
+    assert not first["health"]["healthy"]
+    assert "the network was down: download stopped" in first["health"]["message"]
+    assert left is not None and left["left"] == report["left"]
+    # Nothing was judged: the rerun downloads every video, and no errors row was ever written.
+    assert second["health"]["healthy"] and second["stages"]["download"]["stopped"] is None
+    assert set(corpus.done("downloads")) == set(corpus.done("videos")) and len(corpus.done("videos")) == 12
+    assert corpus.read("errors").num_rows == 0
