@@ -28,9 +28,9 @@ from pipeline.errors import ErrorKind, StageStopped
 from pipeline.limits import State, Store
 from pipeline.progress import log
 
-_PAUSES_KEPT = 20  # per egress: a store entry stays small
-_OK_EVERY_S = 5.0  # successes of a healthy egress reach the store at most this often
-_POLL_S = 5.0  # a paused download reads the state again this often: other builds change it
+PAUSES_KEPT = 20  # per egress: a store entry stays small
+OK_EVERY_S = 5.0  # successes of a healthy egress reach the store at most this often
+POLL_S = 5.0  # a paused download reads the state again this often: other builds change it
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ def fresh() -> State:
     }
 
 
-def _tag(video: str) -> str:
+def video_tag(video: str) -> str:
+    """A short stand-in for a video id in a shared state: states stay small."""
     return hashlib.sha1(video.encode()).hexdigest()[:8]
 
 
@@ -67,7 +68,7 @@ def refused(state: State | None, video: str, strong: bool, admitted: float, now:
     s = fresh() | (state or {})
     if admitted < s["tripped_at"]:
         return s  # began before the last trip, which already paused it
-    tag = _tag(video)
+    tag = video_tag(video)
     events = [e for e in s["events"] if now - e[0] <= policy.window_s and e[1] != tag]
     events.append([now, tag])
     blocked = s["since"] is not None
@@ -76,7 +77,7 @@ def refused(state: State | None, video: str, strong: bool, admitted: float, now:
         until = now + policy.cooldown(trips)
         return s | {"events": [], "trips": trips, "since": s["since"] if blocked else now,
                     "tripped_at": now, "open_until": until,
-                    "pauses": (s["pauses"] + [[now, until]])[-_PAUSES_KEPT:]}
+                    "pauses": (s["pauses"] + [[now, until]])[-PAUSES_KEPT:]}
     return s | {"events": events}
 
 
@@ -184,7 +185,7 @@ class Gate:
             if blocked is not None and blocked + wait > self.policy.max_block_s:
                 raise StageStopped(stop_message(blocked + wait, self.policy))
             log.info("downloads paused for %.1f s: the site is refusing this session", wait)
-            self.sleep(min(wait, _POLL_S))
+            self.sleep(min(wait, POLL_S))
 
     def refused(self, ticket: Ticket, video: str, strong: bool = True) -> bool:
         """Record that ``video`` was refused; True when its egress is now cooling down (the
@@ -205,7 +206,7 @@ class Gate:
             seen = self._seen.get(egress) or fresh()
             healthy = seen["since"] is None and not seen["trips"]
             # Downloads that end together write once: each write waits for the store's lock.
-            if healthy and now - max(seen["last_ok"], self._wrote.get(egress, 0.0)) <= _OK_EVERY_S:
+            if healthy and now - max(seen["last_ok"], self._wrote.get(egress, 0.0)) <= OK_EVERY_S:
                 return
             self._wrote[egress] = now
         self._seen[egress] = self.store.update(egress, lambda s: succeeded(s, ticket.admitted, now))

@@ -14,7 +14,6 @@ breaker's by every worker and build that name the same ``download.concurrency_li
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -22,15 +21,12 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from pipeline.breaker import Policy, duration, paused
+from pipeline.breaker import OK_EVERY_S, PAUSES_KEPT, POLL_S, Policy, duration, paused, video_tag
 from pipeline.errors import NetworkError, StageError, StageStopped
 from pipeline.limits import State, Store
 from pipeline.progress import log
 
 _KEY = "network"
-_PAUSES_KEPT = 20
-_OK_EVERY_S = 5.0  # a healthy network's successes reach the store at most this often
-_POLL_S = 5.0
 STOP_PREFIX = "downloads stopped: the network is down"
 
 
@@ -47,17 +43,13 @@ def fresh() -> State:
     }
 
 
-def _tag(video: str) -> str:
-    return hashlib.sha1(video.encode()).hexdigest()[:8]
-
-
 def failed(state: State | None, video: str, host: str, admitted: float, now: float,
            policy: Policy) -> State:
     """``state`` after ``video`` (of ``host``), let through at ``admitted``, failed on the network."""
     s = fresh() | (state or {})
     if admitted < s["tripped_at"]:
         return s  # began before the last trip, which already paused it
-    tag = _tag(video)
+    tag = video_tag(video)
     events = [e for e in s["events"] if now - e[0] <= policy.window_s and e[1] != tag]
     events.append([now, tag, host])
     down = s["since"] is not None
@@ -67,7 +59,7 @@ def failed(state: State | None, video: str, host: str, admitted: float, now: flo
         until = now + policy.cooldown(trips)
         return s | {"events": [], "trips": trips, "since": s["since"] if down else now,
                     "tripped_at": now, "open_until": until,
-                    "pauses": (s["pauses"] + [[now, until]])[-_PAUSES_KEPT:]}
+                    "pauses": (s["pauses"] + [[now, until]])[-PAUSES_KEPT:]}
     return s | {"events": events}
 
 
@@ -124,7 +116,8 @@ class Attempt:
 
 
 class Watch:
-    """The network watch as one download stage uses it; threads of a batch share one."""
+    """The network watch as one download stage uses it; threads of a batch share one. Its
+    ``policy`` is the breaker's, with ``max_block_s`` standing for ``download.max_outage_s``."""
 
     def __init__(self, store: Store, policy: Policy, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], Any] = time.sleep) -> None:
@@ -149,7 +142,7 @@ class Watch:
             if state["since"] is not None and now - state["since"] + wait > self.policy.max_block_s:
                 raise NetworkDown(stop_message(now - state["since"] + wait, self.policy))
             log.info("downloads paused for %.1f s: the network is down", wait)
-            self.sleep(min(wait, _POLL_S))
+            self.sleep(min(wait, POLL_S))
 
     def attempt(self, video: str, host: str, admitted: float) -> Attempt:
         return Attempt(self, video, host, admitted)
@@ -174,7 +167,7 @@ class Watch:
             seen = self._seen
             calm = not seen["events"] and seen["since"] is None and seen["ok_host"] == host
             # Downloads that end together write once: each write waits for the store's lock.
-            if calm and now - max(seen["last_ok"], self._wrote) <= _OK_EVERY_S:
+            if calm and now - max(seen["last_ok"], self._wrote) <= OK_EVERY_S:
                 return
             self._wrote = now
         self._seen = self.store.update(_KEY, lambda s: reached(s, host, admitted))

@@ -5,16 +5,19 @@ unhealthy, status says why; the rerun after the outage downloads every video."""
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 
 import pytest
+from rich.console import Console
 
 from conftest import require_binaries
 from flakyserver import flaky_server, tiny_mp4
 from flows.build import run_build
 from pipeline.config import parse_config
 from pipeline.outage import network_down
+from pipeline.status import corpus_status, print_status
 from pipeline.status import network_down as status_network_down
 from pipeline.storage import Corpus
 from resolverkit import shared
@@ -50,12 +53,16 @@ def test_an_outage_in_the_middle_of_a_build_loses_nothing(tmp_path, prefect_serv
         names.up()
         corpus = Corpus(root)
         left = status_network_down(corpus)
+        printed = Console(file=io.StringIO(), width=300)
+        print_status(corpus_status(corpus, cfg), printed)
         second = run_build(cfg, root=root, until="download")
     report = first["stages"]["download"]
     assert network_down(report["stopped"]) and report["left"] > 0 and report["errors"] == {}
     assert not first["health"]["healthy"]
     assert "the network was down: download stopped" in first["health"]["message"]
     assert left is not None and left["left"] == report["left"]
+    assert f"the network was down: the download run of {left['run']} stopped with {left['left']} videos left" \
+        in printed.file.getvalue()
     # Nothing was judged: the rerun downloads every video, and no errors row was ever written.
     assert second["health"]["healthy"] and second["stages"]["download"]["stopped"] is None
     assert set(corpus.done("downloads")) == set(corpus.done("videos")) and len(corpus.done("videos")) == 12
