@@ -114,15 +114,17 @@ class DownloadConfig(BaseModel):
                                      "between, within block_window_s) that make the network count "
                                      "as down: every download pauses")
     network_cooldown_s: float = Field(30, gt=0, description="first pause; doubles while it stays down")
-    network_cooldown_max_s: float = Field(300, gt=0)
+    network_cooldown_max_s: float = Field(300, gt=0, description="longest pause while it stays down")
     max_outage_s: float = Field(
         1800, gt=0, description="an outage lasting longer stops the stage; the videos left are "
                                 "tried again by the next run, none is failed")
     gone_host_runs: int = Field(
-        3, ge=2, description="days on which a host's name must have failed to resolve while "
-                             "other hosts resolved before its videos fail for good")
+        3, ge=2, description="a host counts as gone (its videos fail for good) once its name "
+                             "failed to resolve, while other hosts resolved, on this many "
+                             "different days, spanning gone_host_days")
     gone_host_days: float = Field(
-        7, ge=1, description="days at least from the first of those failures to the last")
+        7, ge=1, description="days at least from the first of a host's gone_host_runs days of "
+                             "failing to resolve to the last")
     # Identity and egress: secrets never reach tables, logs or error messages.
     proxy: SecretStr | None = None
     proxies: list[SecretStr] = Field(
