@@ -119,6 +119,7 @@ def name_not_found(message: str) -> bool:
     """Whether ``message`` says a host name does not exist."""
     return _NAME_NOT_FOUND.search(message) is not None
 
+
 # A host judged gone from evidence across runs (pipeline/gone_hosts.py): the one permanent
 # verdict whose message names a network failure (the resolver's last answer), so planning must
 # not read it as a legacy network row.

@@ -20,8 +20,8 @@ from pipeline.config import DownloadConfig
 from pipeline.errors import (
     NETWORK_FAILURE,
     ErrorKind,
-    PermanentError,
     NetworkError,
+    PermanentError,
     StageError,
     error,
     network_failure,

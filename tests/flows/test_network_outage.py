@@ -14,13 +14,13 @@ from rich.console import Console
 
 from conftest import require_binaries
 from flakyserver import flaky_server, tiny_mp4
+from resolverkit import shared
 from flows.build import run_build
 from pipeline.config import parse_config
 from pipeline.outage import network_down
 from pipeline.status import corpus_status, print_status
 from pipeline.status import network_down as status_network_down
 from pipeline.storage import Corpus
-from resolverkit import shared
 
 pytestmark = pytest.mark.slow
 

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import require_binaries
 from flakyserver import flaky_server, tiny_mp4
+from resolverkit import resolver
 from pipeline import download, gone_hosts, limits, outage
 from pipeline.config import HealthConfig, parse_config
 from pipeline.discover import discover
@@ -25,7 +26,6 @@ from pipeline.runner import error_row, run_stage
 from pipeline.stages import context
 from pipeline.status import network_down
 from pipeline.storage import Corpus
-from resolverkit import resolver
 
 
 @pytest.fixture(scope="module")
