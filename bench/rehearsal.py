@@ -8,8 +8,8 @@ download -> transcribe -> align -> featurize (ResNet-34, untrained, and MiniLM) 
 score -> train -> report, media not kept. Then the same deployment again, with nothing left to
 do, for the fixed cost of each partition's chain of tasks. Then --nights more runs of it, each
 a night later: every run and event is aged 16 days first, the server's clean-up deletes the runs
-past infra/README.md's retention (30 days), and the Prefect database's size is taken after each
-run (it stays flat once the oldest runs are gone).
+past infra/README.md's retention (30 days), and the Prefect database's size and task runs are
+taken after each run (they stay flat once the oldest runs are gone).
 
 With --faults, while the first run builds: one Dask worker is SIGKILLed (and started again, as
 a supervisor would), the Prefect worker is restarted (its flow run dies with it), PostgreSQL
@@ -182,8 +182,9 @@ def psql(stack: Stack, sql: str) -> str:
     return out.stdout.strip()
 
 
-def db_size(stack: Stack) -> int:
-    return int(psql(stack, "select pg_database_size('prefect')"))
+def db_figures(stack: Stack) -> tuple[int, int]:
+    """The Prefect database's size in bytes and the task runs it holds."""
+    return int(psql(stack, "select pg_database_size('prefect')")), int(psql(stack, "select count(*) from task_run"))
 
 
 # How far each night of --nights moves runs and events into the past: with the stack's 30-day
@@ -324,9 +325,9 @@ def main() -> None:
             peaks.done.set()
             after = store_counts(stack)
             first = flow_runs(env)[-1]
-            db_bytes = [db_size(stack)]
+            db = [db_figures(stack)]
             idle_s, idle_state = deployment_run(env, root, log)
-            db_bytes.append(db_size(stack))
+            db.append(db_figures(stack))
             idle = flow_runs(env)[-1]
             figures = task_figures(env, idle.id)
             built = task_figures(env, first.id)
@@ -340,15 +341,16 @@ def main() -> None:
             for _ in range(args.nights):
                 night_passes(stack)
                 deployment_run(env, root, log)
-                db_bytes.append(db_size(stack))
+                db.append(db_figures(stack))
         chains = sorted(figures["chains"].values())
         result = {
             "videos": args.videos, "partitions": status["partitions"], "state": state, "runs": runs,
             "wall_s": round(wall, 1), "videos_per_min": round(args.videos * 60 / wall, 1),
             "clips": status["stages"]["shard"]["upstream"],
             "task_runs": figures["task_runs"], "task_runs_of_build": built["run_task_runs"],
-            "flow_runs": figures["flow_runs"], "prefect_db_bytes": db_bytes[1],
-            "prefect_db_bytes_by_run": db_bytes,
+            "flow_runs": figures["flow_runs"], "prefect_db_bytes": db[1][0],
+            "prefect_db_bytes_by_run": [size for size, _ in db],
+            "prefect_task_runs_by_run": [rows for _, rows in db],
             "peak_rss_mb": {k: round(v) for k, v in sorted(peaks.peaks.items())},
             "store": {"requests": after["requests"] - before["requests"],
                       "bytes_in": after["bytes_in"] - before["bytes_in"],
