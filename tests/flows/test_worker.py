@@ -407,7 +407,7 @@ def test_overlapping_builds_of_one_root_never_interleave(stack, tmp_path):
 
 def _sql(database: Path) -> contextlib.closing[sqlite3.Connection]:
     """A connection to the server's SQLite database beside the server, whose writes take the
-    write lock first (as the server's own do), so that neither fails the other's."""
+    write lock before they read (BEGIN IMMEDIATE), so that SQLite never refuses them midway."""
     return contextlib.closing(sqlite3.connect(database, timeout=60, isolation_level="IMMEDIATE"))
 
 
@@ -444,8 +444,8 @@ def _history(database: Path) -> dict[str, int]:
 def test_the_run_history_stays_bounded_under_nightly_builds(stack, tmp_path):
     """README's second line: the server deletes the runs that ended over 30 days ago. Each night
     is a build of a new root (all its task runs new), after which every run and event is aged 16
-    days: a night's runs are deleted the night after next. From the second night the database
-    holds one night's runs, and its size stays flat."""
+    days: a night's runs are deleted once the next night's are built. From the second night the
+    database holds one night's runs, and its size stays flat."""
     nights = []
     for night in range(4):
         _completed(_wait_final(stack.trigger(f"root={tmp_path / f'night-{night}'}", "until=align"), stack), stack)
