@@ -6,7 +6,10 @@ It makes a site of N short captioned videos (10 s, 320x240, served on 127.0.0.1)
 one deployment with `vlcorpus deploy`, and runs it with `prefect deployment run`: discover ->
 download -> transcribe -> align -> featurize (ResNet-34, untrained, and MiniLM) -> shard ->
 score -> train -> report, media not kept. Then the same deployment again, with nothing left to
-do, for the fixed cost of each partition's chain of tasks.
+do, for the fixed cost of each partition's chain of tasks. Then --nights more runs of it, each
+a night later: every run and event is aged 16 days first, the server's clean-up deletes the runs
+past infra/README.md's retention (30 days), and the Prefect database's size and task runs are
+taken after each run (they stay flat once the oldest runs are gone).
 
 With --faults, while the first run builds: one Dask worker is SIGKILLed (and started again, as
 a supervisor would), the Prefect worker is restarted (its flow run dies with it), PostgreSQL
@@ -17,6 +20,7 @@ with a clean build's of the same site (keys of every table, shard contents).
 The last line is one JSON object with the figures. Usage:
     python bench/rehearsal.py --videos 1000
     python bench/rehearsal.py --videos 48 --faults
+    python bench/rehearsal.py --videos 8 --nights 4
 """
 
 from __future__ import annotations
@@ -171,11 +175,37 @@ def task_figures(env: dict[str, str], flow_run_id) -> dict:
     return {"task_runs": total, "flow_runs": flows, "chains": chains, "run_task_runs": len(runs)}
 
 
-def db_size(stack: Stack) -> int:
+def psql(stack: Stack, sql: str) -> str:
+    """``sql`` on the Prefect server's PostgreSQL database; what it prints."""
     out = subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(stack.ports["postgres"]), "-U", "vlcorpus",
-                          "-d", "prefect", "-Atc", "select pg_database_size('prefect')"],
-                         capture_output=True, text=True, check=True)
-    return int(out.stdout.strip())
+                          "-d", "prefect", "-Atc", sql], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def db_figures(stack: Stack) -> tuple[int, int]:
+    """The Prefect database's size in bytes and the task runs it holds."""
+    return int(psql(stack, "select pg_database_size('prefect')")), int(psql(stack, "select count(*) from task_run"))
+
+
+# How far each night of --nights moves runs and events into the past: with the stack's 30-day
+# retention, a night's runs are deleted the night after next.
+NIGHT = "16 days"
+
+
+def night_passes(stack: Stack, timeout_s: float = 600) -> None:
+    """Age every run's end and every event by a night, wait until the server's clean-up has
+    deleted those past its retention (runs 30 days, events 7), then VACUUM, as PostgreSQL's
+    autovacuum does within a real night, so that the space they took is reused."""
+    psql(stack, f"update flow_run set end_time = end_time - interval '{NIGHT}' where end_time is not null; "
+                f"update events set occurred = occurred - interval '{NIGHT}'; "
+                f"update event_resources set occurred = occurred - interval '{NIGHT}'")
+    deadline = time.monotonic() + timeout_s
+    while int(psql(stack, "select (select count(*) from flow_run where end_time < now() - interval '30 days')"
+                          " + (select count(*) from events where occurred < now() - interval '7 days')")):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the Prefect server deleted no old runs within {timeout_s:.0f} s")
+        time.sleep(2)
+    psql(stack, "vacuum")
 
 
 def deployment_run(env: dict[str, str], root: str, log: Path, timeout_s: float = 7200) -> tuple[float, str]:
@@ -247,6 +277,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="length of each video")
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--dir", type=Path, default=None, help="work folder (default: a temporary one)")
+    parser.add_argument("--nights", type=int, default=3,
+                        help="runs after the first two, each a night later: the Prefect database's size after each")
     args = parser.parse_args()
     work = (args.dir or Path(tempfile.mkdtemp(prefix="vlcorpus-rehearsal-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -256,6 +288,8 @@ def main() -> None:
     made = time.perf_counter()
     make_caption_site(work / "site", args.videos, args.seconds, size="320x240")
     site_s = time.perf_counter() - made
+    # Nights pass in seconds here: the server's clean-up looks every 5 s instead of hourly.
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_DB_VACUUM_LOOP_SECONDS", "5")
     stack = Stack(str(work / "stack"))
     started = time.perf_counter()
     stack.up()
@@ -291,7 +325,9 @@ def main() -> None:
             peaks.done.set()
             after = store_counts(stack)
             first = flow_runs(env)[-1]
+            db = [db_figures(stack)]
             idle_s, idle_state = deployment_run(env, root, log)
+            db.append(db_figures(stack))
             idle = flow_runs(env)[-1]
             figures = task_figures(env, idle.id)
             built = task_figures(env, first.id)
@@ -302,13 +338,19 @@ def main() -> None:
             if clean is not None:
                 faulty = fingerprint(root, env)
                 differ = sorted(k for k in set(clean) | set(faulty) if clean.get(k) != faulty.get(k))
+            for _ in range(args.nights):
+                night_passes(stack)
+                deployment_run(env, root, log)
+                db.append(db_figures(stack))
         chains = sorted(figures["chains"].values())
         result = {
             "videos": args.videos, "partitions": status["partitions"], "state": state, "runs": runs,
             "wall_s": round(wall, 1), "videos_per_min": round(args.videos * 60 / wall, 1),
             "clips": status["stages"]["shard"]["upstream"],
             "task_runs": figures["task_runs"], "task_runs_of_build": built["run_task_runs"],
-            "flow_runs": figures["flow_runs"], "prefect_db_bytes": db_size(stack),
+            "flow_runs": figures["flow_runs"], "prefect_db_bytes": db[1][0],
+            "prefect_db_bytes_by_run": [size for size, _ in db],
+            "prefect_task_runs_by_run": [rows for _, rows in db],
             "peak_rss_mb": {k: round(v) for k, v in sorted(peaks.peaks.items())},
             "store": {"requests": after["requests"] - before["requests"],
                       "bytes_in": after["bytes_in"] - before["bytes_in"],

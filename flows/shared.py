@@ -49,13 +49,14 @@ def client() -> SyncPrefectClient:
 def ensure_limit(name: str, limit: int, decay_per_s: float | None = None) -> None:
     """The global concurrency limit ``name`` exists with this size (and slot decay)."""
     key = (name, limit, decay_per_s)
+    # Held while creating: a download's threads that raced here each tried to create the limit,
+    # and the server logged each conflict with a traceback.
     with _lock:
         if key in _ensured:
             return
-    # ObjectAlreadyExists: another process created it at the same moment.
-    with client() as api, suppress(ObjectAlreadyExists):
-        api.upsert_global_concurrency_limit_by_name(name, limit, decay_per_s)
-    with _lock:
+        # ObjectAlreadyExists: another process created it at the same moment.
+        with client() as api, suppress(ObjectAlreadyExists):
+            api.upsert_global_concurrency_limit_by_name(name, limit, decay_per_s)
         _ensured.add(key)
 
 

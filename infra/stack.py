@@ -182,7 +182,10 @@ class Stack:
 
     def _server_env(self) -> dict[str, str]:
         return {"PREFECT_API_DATABASE_CONNECTION_URL": self.database_url,
-                "PREFECT_HOME": str(Path(self.dir) / "prefect"), "PREFECT_API_URL": ""}
+                "PREFECT_HOME": str(Path(self.dir) / "prefect"), "PREFECT_API_URL": "",
+                # As infra/README.md sets it: runs that ended over 30 days ago are deleted.
+                "PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": "events,flow_runs",
+                "PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD": "2592000"}
 
     def start_prefect_worker(self) -> None:
         self._spawn("prefect-worker", [str(BIN / "prefect"), "worker", "start", "--pool", "vlcorpus",

@@ -92,13 +92,23 @@ def _emit(summary: dict, mode: LogFormat) -> None:
                   f"{timing['work_s']:.1f} s of work", highlight=False)
 
 
+def existing_corpus(root: str) -> Corpus:
+    """The corpus at ``root``, which must exist: a mistyped path would otherwise read as an
+    empty corpus (validate: "valid"). Exits 2 with one line saying so."""
+    corpus = Corpus(root)
+    if not corpus.fs.exists(corpus.root):
+        _error(f"{root} does not exist: no corpus there (check the path)")
+        raise typer.Exit(2)
+    return corpus
+
+
 def _target(target: str, root: str | None) -> tuple[Corpus, Config]:
     """A config file (its root, or --root), or a corpus root (its resolved config.yaml)."""
     path = Path(target)
     if path.is_file():
         cfg = load_config(path)
         return Corpus(cfg.corpus_root(root)), cfg
-    corpus = Corpus(root or target)
+    corpus = existing_corpus(root or target)
     # Through the root's filesystem: the root may be on an object store.
     text = corpus.fs.cat_file(corpus.path("config.yaml")).decode("utf-8")
     return corpus, config_from_yaml(text, f"{corpus.url.rstrip('/')}/config.yaml")

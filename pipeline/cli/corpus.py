@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from pipeline.cli.common import JsonLogs, Root, _emit, _on_target, app, console
-from pipeline.storage import Corpus
+from pipeline.cli.common import JsonLogs, Root, _emit, _on_target, app, console, existing_corpus
 from pipeline.summary import summarize
 
 
@@ -37,7 +36,7 @@ def stats(
     json_logs: JsonLogs = False,
 ) -> None:
     """Rows per table and errors by stage and kind."""
-    _emit(summarize(Corpus(root)), "json" if json_logs else "rich")
+    _emit(summarize(existing_corpus(root)), "json" if json_logs else "rich")
 
 
 @app.command()
@@ -53,7 +52,7 @@ def validate(
     from pipeline.validate import hand_back
     from pipeline.validate import validate as check
 
-    corpus = Corpus(root)
+    corpus = existing_corpus(root)
     problems = check(corpus, hashes=not quick)
     handed = hand_back(corpus, problems)
     if json_logs:
@@ -78,7 +77,7 @@ def report(root: Annotated[str, typer.Argument(help="Corpus root.")]) -> None:
     from pipeline.report import write_report
     from pipeline.runner import StageContext
 
-    result = write_report(StageContext(Corpus(root), config=None))
+    result = write_report(StageContext(existing_corpus(root), config=None))
     console.print(f"wrote {result['html']} and {result['stats']}")
 
 
@@ -91,7 +90,7 @@ def migrate(
     """Move a corpus of the flat layout into partitions, in place."""
     from pipeline.migrate import migrate as move
 
-    report = move(Corpus(root), partitions)
+    report = move(existing_corpus(root), partitions)
     moved = ", ".join(f"{t} {n}" for t, n in report.rows.items()) or "nothing"
     console.print(f"{root}: {report.partitions} partitions; rows moved: {moved}")
     if report.shards_moved_to:

@@ -1,5 +1,5 @@
-"""The stable command line: config errors before any work, validate's exit codes,
-commands that are not built yet, stats as JSON, the demo site made and served."""
+"""The stable command line: config errors before any work, validate's exit codes, a root that
+does not exist, commands that are not built yet, stats as JSON, the demo site made and served."""
 
 from __future__ import annotations
 
@@ -93,6 +93,16 @@ def test_validate_passes_then_names_table_and_key(tmp_path):
     report = json.loads(bad.stdout)
     assert not report["valid"]
     assert any(v.startswith("downloads:") and repr(victim) in v for v in report["violations"])
+
+
+@pytest.mark.parametrize("command", ["status", "validate", "stats", "report", "migrate"])
+def test_a_root_that_does_not_exist_is_one_line_and_exit_2(tmp_path, command):
+    """A typo in the path is not an empty corpus (validate once said "valid (no tables)")."""
+    typo = tmp_path / "corpsu"
+    result = vlcorpus(command, str(typo))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == f"{typo} does not exist: no corpus there (check the path)"
+    assert not typo.exists()
 
 
 def test_stats_json_counts_tables_and_errors(tmp_path):
