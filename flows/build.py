@@ -38,6 +38,7 @@ from prefect_dask import DaskTaskRunner
 from flows.partition_passes import run_partitions
 from flows.build_progress import publish_summary
 from flows.services import build_services
+from flows.rerun import name_rerun
 from flows.siblings import mark_crashed, superseded
 
 from pipeline.config import Config, config_hash, dump_config, load_config
@@ -258,13 +259,19 @@ def rebuild_corpus(
     until: str | None = None,
     dask_address: str | None = None,
     retry_failed: bool = False,
+    rerun_of: str | None = None,
 ) -> dict[str, Any]:
     """The deployments' entry point (scheduled and ad hoc): ``build_corpus`` as a subflow on
     the Dask cluster of ``dask_address`` (or of the config, or a local one). An unhealthy
     build (the config's health section) ends Failed once everything it did is committed. A
     scheduled run with a newer one of its deployment also due (missed while no worker was up)
-    ends Cancelled without building: the newest builds."""
-    why = superseded(FlowRunContext.get().flow_run)
+    ends Cancelled without building: the newest builds. ``rerun_of``: the name of the Crashed
+    run that this one runs again (set by a deployment's rerun, flows/rerun.py)."""
+    run = FlowRunContext.get().flow_run
+    if rerun_of is not None:
+        get_run_logger().warning("%s runs %r again, which ended Crashed; it resumes that build's committed "
+                                 "batches", name_rerun(run, rerun_of), rerun_of)
+    why = superseded(run)
     if why is not None:
         get_run_logger().warning(why)
         return Cancelled(message=why)

@@ -5,6 +5,10 @@ A process worker starts each flow run in the deployment's ``working_dir``, where
 is chosen here (the given one, else where the deployments are registered) and checked before
 anything is registered, rather than failing inside the worker at run time.
 
+Every deployment's runs send Prefect's heartbeats, and the server gets the automation that marks
+a run Crashed when they stop (flows/liveness.py; the file's ``liveness`` section tunes both); a
+deployment with ``rerun_crashed_after_s`` runs a Crashed run again once (flows/rerun.py).
+
 Entrypoints are module paths (``flows.build.rebuild_corpus``): Prefect loads a file entrypoint
 (``flows/build.py:...``) as a module named ``build``, and the tasks it sends to a Dask cluster
 then name a module the cluster's workers cannot import.
@@ -21,13 +25,16 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.objects import ConcurrencyLimitConfig
 from prefect.deployments.runner import EntrypointType
+from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Schedule
 from prefect.settings import PREFECT_API_URL
+from pydantic import ValidationError
 
 from prefect import Flow
 
-from flows import build
+from flows import build, liveness
+from flows.rerun import rerun_trigger
 from flows.schedules import ScheduleError, read_schedule
 
 from pipeline.config import ConfigError, load_config
@@ -99,6 +106,30 @@ def check_server() -> str:
     raise DeployError(f"the Prefect server at PREFECT_API_URL={url} is not healthy; {_START_ONE}")
 
 
+def _liveness(spec: dict[str, Any], file: Path) -> liveness.Liveness:
+    """The file's ``liveness`` section, checked (Prefect's defaults where it has none)."""
+    try:
+        return liveness.Liveness.model_validate(spec.get("liveness") or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, ("liveness", *first["loc"])))
+        raise DeployError(f"{file}: {where}: {first['msg']}") from None
+
+
+def _triggers(item: dict[str, Any], flow_fn: Flow) -> list[DeploymentEventTrigger]:
+    """The rerun of ``item``'s Crashed runs, when its ``rerun_crashed_after_s`` asks for one."""
+    after = item.get("rerun_crashed_after_s")
+    if after is None:
+        return []
+    name = item["name"]
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise DeployError(f"{name}: rerun_crashed_after_s must be a number of seconds, 0 or more (got {after!r})")
+    if flow_fn is not build.rebuild_corpus:
+        raise DeployError(f"{name}: rerun_crashed_after_s needs the entrypoint flows.build.rebuild_corpus, "
+                          f"whose runs take the root's lock")
+    return [rerun_trigger(name, flow_fn, after)]
+
+
 def _check(item: dict[str, Any], directory: Path) -> tuple[list[Schedule], dict[str, Any]]:
     """What registering ``item`` needs, checked: its schedules, and its parameters (a root taken
     from $VLCORPUS_ROOT is written into them, so the worker needs no such variable).
@@ -134,6 +165,11 @@ def _check(item: dict[str, Any], directory: Path) -> tuple[list[Schedule], dict[
     return schedules, parameters
 
 
+def _flow_names() -> list[str]:
+    """Every flow a deployment's run may run: the entrypoints, and build_corpus as a subflow."""
+    return [build.rebuild_corpus.name, build.build_corpus.name, *(f.name for f in build.STAGE_FLOWS.values())]
+
+
 def deploy(file: Path, working_dir: Path, pool: str | None = None,
            names: list[str] | None = None) -> tuple[list[str], Path]:
     """Apply the deployments of ``file`` (those of ``names``, or all), run by workers in
@@ -148,10 +184,12 @@ def deploy(file: Path, working_dir: Path, pool: str | None = None,
                               f"{', '.join(item['name'] for item in items)}")
         items = [item for item in items if item["name"] in names]
     directory = check_working_dir(working_dir, items)
+    alive = _liveness(spec, file)
     problems, checked = [], []
     for item in items:
         try:
-            checked.append((item, _entrypoint(item["name"], item["entrypoint"]), *_check(item, directory)))
+            flow_fn = _entrypoint(item["name"], item["entrypoint"])
+            checked.append((item, flow_fn, *_check(item, directory), _triggers(item, flow_fn)))
         except DeployError as exc:
             problems.append(str(exc))
     if problems:
@@ -160,8 +198,9 @@ def deploy(file: Path, working_dir: Path, pool: str | None = None,
                                        f"that can run" if good else "")
         raise DeployError("\n".join(problems) + f"\n({hint})")
     check_server()
+    liveness.install(alive, _flow_names())
     ids = []
-    for item, flow_fn, schedules, parameters in checked:
+    for item, flow_fn, schedules, parameters, triggers in checked:
         pool_name = pool or item["work_pool"]["name"]
         ensure_pool(pool_name)
         deployment = flow_fn.to_deployment(
@@ -171,7 +210,8 @@ def deploy(file: Path, working_dir: Path, pool: str | None = None,
             schedules=schedules,
             concurrency_limit=_concurrency(item),
             work_pool_name=pool_name,
-            job_variables={"working_dir": str(directory)},
+            job_variables={"working_dir": str(directory), "env": alive.job_env()},
+            triggers=triggers,
             entrypoint_type=EntrypointType.MODULE_PATH,
         )
         # Prefect names a module path after the flow's function, which stage flows share.

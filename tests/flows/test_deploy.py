@@ -143,3 +143,81 @@ def test_the_schedule_forms_of_prefect_yaml_register_as_written(tmp_path, prefec
     assert rrule.schedule.rrule.endswith("FREQ=WEEKLY;BYDAY=MO,TH;BYHOUR=4;BYMINUTE=0")  # Prefect adds DTSTART
     assert rrule.schedule.timezone == "America/New_York"
     assert not rrule.active and rrule.parameters == {"until": "discover"}
+
+
+def test_a_liveness_or_rerun_deploy_cannot_use_is_one_line_and_exit_2(tmp_path):
+    deployments = tmp_path / "d.yaml"
+    _deployments(deployments, [], root=str(tmp_path / "c"))
+    spec = yaml.safe_load(deployments.read_text())
+    spec["liveness"] = {"heartbeat_s": 10}
+    deployments.write_text(yaml.safe_dump(spec))
+    lines = _lines(_deploy("--file", str(deployments)))
+    assert lines == [f"{deployments}: liveness.heartbeat_s: Input should be greater than or equal to 30"]
+
+    spec["liveness"] = {}
+    spec["deployments"][0].update(entrypoint="flows.build.download_flow", rerun_crashed_after_s=60)
+    deployments.write_text(yaml.safe_dump(spec))
+    lines = _lines(_deploy("--file", str(deployments)))
+    assert lines[0] == ("nightly: rerun_crashed_after_s needs the entrypoint flows.build.rebuild_corpus, whose "
+                        "runs take the root's lock"), lines
+
+
+def _wait_for(read, seconds: float = 60):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (found := read()):
+        assert time.monotonic() < deadline, "nothing came"
+        time.sleep(0.5)
+    return found
+
+
+@pytest.mark.slow
+def test_deployed_runs_send_heartbeats_and_a_crashed_run_is_run_again_once(tmp_path, prefect_server):
+    """The heartbeats reach the run's process through its job variables, the server gets the
+    automation that marks a silent run Crashed, and a Crashed run of a deployment with a rerun
+    is run again once with its parameters: the rerun's own crash is not (tests/flows/test_worker.py
+    kills a real one)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
+    from prefect.states import Crashed, Running
+
+    from flows.deploy import deploy
+    from flows.liveness import NAME
+
+    deployments = tmp_path / "d.yaml"
+    _deployments(deployments, [], root=str(tmp_path / "c"))
+    spec = yaml.safe_load(deployments.read_text())
+    spec["liveness"] = {"crashed_after_s": 75}
+    spec["deployments"][0]["rerun_crashed_after_s"] = 0
+    deployments.write_text(yaml.safe_dump(spec))
+    (deployment_id,), _ = deploy(deployments, ROOT)
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment(deployment_id)
+        assert deployment.job_variables["env"] == {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
+        (silent,) = client.read_automations_by_name(NAME)
+        assert silent.trigger.within.total_seconds() == 75 and silent.trigger.posture == "Proactive"
+
+        def crash(name: str):
+            run = client.create_flow_run_from_deployment(deployment_id, name=name,
+                                                         parameters={"until": "discover"})
+            client.set_flow_run_state(run.id, Running(), force=True)
+            client.set_flow_run_state(run.id, Crashed(message="its process died"), force=True)
+            return run
+
+        def runs() -> list:
+            return client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                deployment_id=FlowRunFilterDeploymentId(any_=[deployment_id])))
+
+        crash("nightly-1")
+        (rerun,) = _wait_for(lambda: [r for r in runs() if r.parameters.get("rerun_of")])
+        assert rerun.parameters == {"config": "configs/apartment_tour.yaml", "root": str(tmp_path / "c"),
+                                    "until": "discover", "dask_address": None, "retry_failed": False,
+                                    "rerun_of": "nightly-1"}
+        # The rerun names itself so when it starts; crashed too, it is not run again.
+        crash("nightly-1-rerun")
+        crash("nightly-2")
+        reruns = _wait_for(lambda: [r for r in runs() if r.parameters.get("rerun_of") == "nightly-2"])
+        assert len(reruns) == 1
+        assert sorted(r.parameters.get("rerun_of") for r in runs() if r.parameters.get("rerun_of")) == [
+            "nightly-1", "nightly-2"]

@@ -1,0 +1,76 @@
+"""A deployment's run whose process died is marked Crashed by the server within minutes.
+
+A process killed with its machine reports nothing, so its run would stay Running until the next
+run of its root took the lock over, a day later for a nightly build. Instead each run's process
+sends Prefect's flow-run heartbeats (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, put in the
+deployments' job variables so that no worker needs the variable), and one automation per server
+marks a run Crashed when its heartbeats stop: Prefect's answer to "zombie" flow runs. The
+Crashed state then fires the alert of infra/alerts.py, and a deployment's rerun
+(flows/rerun.py) where it has one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+
+from prefect.automations import Automation
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import StateType
+from prefect.events.actions import ChangeFlowRunState
+from prefect.events.schemas.automations import EventTrigger, Posture
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NAME = "vlcorpus-crashed-when-silent"
+HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
+# Prefect sends heartbeats no more often than this (prefect.flow_engine.MINIMUM_HEARTBEAT_INTERVAL).
+MIN_HEARTBEAT_S = 30
+# Any of these ends a run's watch: a heartbeat starts the next wait, a final state ends it.
+_ALIVE_OR_ENDED = {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
+                   "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"}
+
+
+class Liveness(BaseModel):
+    """How often a run's process says it is alive, and how long a silence means it died."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    heartbeat_s: int = Field(MIN_HEARTBEAT_S, ge=MIN_HEARTBEAT_S)
+    # Three heartbeats: a run under load that sends one late is not taken for dead.
+    crashed_after_s: int = 90
+
+    @model_validator(mode="after")
+    def _two_heartbeats(self) -> Liveness:
+        if self.crashed_after_s < 2 * self.heartbeat_s:
+            raise ValueError(f"crashed_after_s ({self.crashed_after_s}) must be at least twice heartbeat_s "
+                             f"({self.heartbeat_s}): one late heartbeat is not a dead run")
+        return self
+
+    def job_env(self) -> dict[str, str]:
+        """The flow-run process's environment that makes it send heartbeats."""
+        return {HEARTBEAT_ENV: str(self.heartbeat_s)}
+
+    def message(self) -> str:
+        return (f"Crashed: its process sent no heartbeat for {self.crashed_after_s} s (the process or its "
+                f"machine died); its committed batches are kept and the next run of the root resumes them")
+
+
+def install(liveness: Liveness, flows: Iterable[str]) -> Automation:
+    """Create (or replace) the server's automation that marks a run of ``flows`` (these flow
+    names: a build's subflow runs send heartbeats too) Crashed once its heartbeats stop."""
+    automation = Automation(
+        name=NAME,
+        description=f"A vlcorpus run sent no heartbeat for {liveness.crashed_after_s} s: mark it Crashed.",
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect=_ALIVE_OR_ENDED,
+            match={"prefect.resource.id": "prefect.flow-run.*"},
+            match_related={"prefect.resource.role": "flow", "prefect.resource.name": sorted(flows)},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive, threshold=1, within=timedelta(seconds=liveness.crashed_after_s)),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED, message=liveness.message())],
+    )
+    with get_client(sync_client=True) as client:
+        for old in client.read_automations_by_name(name=NAME):
+            client.delete_automation(old.id)
+    return automation.create()
