@@ -269,8 +269,9 @@ def rebuild_corpus(
     run that this one runs again (set by a deployment's rerun, flows/rerun.py)."""
     run = FlowRunContext.get().flow_run
     if rerun_of is not None:
-        get_run_logger().warning("%s runs %r again, which ended Crashed; it resumes that build's committed "
-                                 "batches", name_rerun(run, rerun_of), rerun_of)
+        name_rerun(run, rerun_of)  # first: the run's logs carry its new name
+        get_run_logger().warning("this run is %r run again, which ended Crashed; it resumes that build's "
+                                 "committed batches", rerun_of)
     why = superseded(run)
     if why is not None:
         get_run_logger().warning(why)

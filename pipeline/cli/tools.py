@@ -66,8 +66,9 @@ def deploy(
         "--name", help="Register only this deployment (repeat for several).")] = None,
 ) -> None:
     """Register the deployments of FILE with the Prefect server of PREFECT_API_URL, creating
-    their process work pool when it does not exist. Each is checked first (config, root,
-    source files, schedules); if one could not run, none is registered (exit 2)."""
+    their process work pool when it does not exist, and the server's automation that marks a
+    run Crashed once its heartbeats stop. Each is checked first (config, root, source files,
+    schedules, liveness); if one could not run, none is registered (exit 2)."""
     from flows.deploy import DeployError
     from flows.deploy import deploy as apply
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -39,10 +40,16 @@ def test_prefect_yaml_deployments_point_at_real_flows_and_configs():
         assert set(parameters) <= {"config", "root", "until", "dask_address", "retry_failed"}
         if deployment.get("schedules"):  # a scheduled run has no one to give it a config
             assert (ROOT / parameters["config"]).exists()
+            # nor to start it again when its machine dies
+            assert 0 <= deployment["rerun_crashed_after_s"] <= 300
         for schedule in deployment.get("schedules", []):
             assert len(schedule["cron"].split()) == 5
         names.add(deployment["name"])
     assert "rebuild" in names and len(names) == 4
+    # infra/README.md shows the liveness section as shipped
+    readme = (INFRA / "README.md").read_text()
+    shown = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", readme, re.S)]
+    assert {"liveness": spec["liveness"]} in shown
 
 
 def _commands(node) -> list[list[str]]:
@@ -111,10 +118,16 @@ def test_deploy_registers_every_deployment(prefect_server, tmp_path):
                                  "root": "s3://corpora/nightly/apartment_tour"}
     assert weekly.schedules[0].schedule.cron == "0 3 * * 1"
     assert weekly.entrypoint == "flows.build.rebuild_corpus"
-    assert weekly.job_variables == {"working_dir": str(workdir)}
+    assert weekly.job_variables == {"working_dir": str(workdir), "env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
     assert deployments["rebuild"].parameters == {}  # config comes with each run
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0  # idempotent: updates in place
+    with get_client(sync_client=True) as client:
+        automations = sorted((a.name, a.trigger.within.total_seconds()) for a in client.read_automations())
+    # A silent run is Crashed after 90 s, and each scheduled deployment runs a Crashed run again.
+    assert automations == [("vlcorpus-crashed-when-silent", 90), *(
+        (f"vlcorpus-rerun-crashed {name}", 0) for name in
+        ["apartment-tour-weekly", "howto100m-monthly", "spoken-moments-weekly"])]
 
 
 SERVE = """

@@ -52,7 +52,8 @@ ON_A_CLUSTER = ("prefect deployment run rebuild_corpus/rebuild -p config=configs
                 "-p dask_address=tcp://HOST:8786")
 # infra/README.md's alert, as typed there.
 ALERTS = "python infra/alerts.py --webhook https://hooks.slack.com/services/T000/B000/XXXX"
-LISTINGS = ["prefect deployment ls", "prefect work-pool ls", "prefect flow-run ls", "prefect gcl ls"]
+LISTINGS = ["prefect deployment ls", "prefect work-pool ls", "prefect automation ls", "prefect flow-run ls",
+            "prefect gcl ls"]
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 # The one error Prefect's server logs on SQLite while builds run (Stack.quiet).
 HEARTBEAT = "Worker channel heartbeat persistence failed"
@@ -326,6 +327,7 @@ def test_rebuild_runs_on_the_worker_then_resumes_with_nothing_redone(stack, tmp_
     assert "vlcorpus" in listings["prefect work-pool ls"].stdout
     assert "rebuild_corpus" in listings["prefect flow-run ls"].stdout
     assert "vlcorpus-download" in listings["prefect gcl ls"].stdout
+    assert "vlcorpus-crashed-when-silent" in listings["prefect automation ls"].stdout
     assert "telemetry" not in stack.server_log.read_text()  # README's profile setting holds
     stack.quiet()
 
@@ -483,33 +485,6 @@ def _flow_processes(run_id: UUID) -> list[int]:
     return found
 
 
-@pytest.mark.slow
-def test_after_worker_and_build_are_killed_the_next_run_takes_the_root_and_marks_the_dead_run_crashed(stack, tmp_path):
-    root = tmp_path / "crash"
-    dead = stack.trigger(f"root={root}")
-    deadline = time.monotonic() + 300
-    while not (root / "_lock.json").exists() or not _flow_processes(dead):
-        assert time.monotonic() < deadline, stack.worker_log.read_text()[-4000:]
-        time.sleep(0.5)
-    _kill_tree([stack.worker.pid, *_flow_processes(dead)])
-    stack.worker = stack.start_worker()
-
-    started = time.monotonic()
-    after = _wait_final(stack.trigger(f"root={root}"), stack)
-    _completed(after, stack)
-    with _client() as client:
-        crashed = client.read_flow_run(dead)
-    assert crashed.state.type.value == "CRASHED", crashed.state
-    assert "its build's process died" in crashed.state.message
-    assert "its process is gone" in crashed.state.message
-    messages = _logs(after.id)
-    assert any("taking over the lock of flow run" in m and "its process is gone" in m for m in messages)
-    assert any(m.startswith("marked ") and " Crashed" in m for m in messages), messages
-    print(f"crash recovery: the next run completed {time.monotonic() - started:.0f} s after it was triggered")
-    checked = stack.run(f"vlcorpus validate {root}")
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-
-
 class _Hook(http.server.BaseHTTPRequestHandler):
     received: list[dict] = []
 
@@ -523,16 +498,99 @@ class _Hook(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.slow
-def test_an_unhealthy_build_ends_failed_and_the_alert_of_infra_readme_posts_it(stack, tmp_path):
+@contextlib.contextmanager
+def _alert_hook(stack: Stack) -> Iterator[Callable[..., str]]:
+    """A webhook on 127.0.0.1 and the alert of infra/README.md posting to it, as typed there;
+    yields a function that waits for the alert whose text has a given line and returns it."""
     hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
+
+    def alert(line: str, seconds: float = 120) -> str:
+        deadline = time.monotonic() + seconds
+        while not (texts := [m["text"] for m in _Hook.received if line in m["text"]]):
+            assert time.monotonic() < deadline, stack.server_log.read_text()[-3000:]
+            time.sleep(0.5)
+        return texts[0]
+
     try:
         url = f"http://127.0.0.1:{hook.server_port}/hook"
         command = ALERTS.replace("https://hooks.slack.com/services/T000/B000/XXXX", url) + " --allow-private"
         installed = stack.run([sys.executable, *shlex.split(command)[1:]])
         assert installed.returncode == 0, installed.stdout + installed.stderr
+        yield alert
+    finally:
+        hook.shutdown()
 
+
+# The crash test's deployment: heartbeats at Prefect's minimum (30 s), a run silent twice that
+# long is Crashed, and its rerun follows 5 s later.
+CRASHED_AFTER_S = 60
+
+
+@pytest.mark.slow
+def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run_again(stack, tmp_path):
+    """Worker and flow process SIGKILLed mid-build: the server marks the run Crashed within its
+    liveness window (no later run needed), the alert posts it, and the deployment's rerun takes
+    the root's lock over from the dead build and completes the build, with no command typed."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
+
+    root = tmp_path / "crash"
+    deployments = tmp_path / "nightly.yaml"
+    deployments.write_text(yaml.safe_dump({
+        "liveness": {"heartbeat_s": 30, "crashed_after_s": CRASHED_AFTER_S},
+        "deployments": [{"name": "nightly-crash", "entrypoint": "flows.build.rebuild_corpus",
+                         "parameters": {"config": str(stack.config), "root": str(root)},
+                         "rerun_crashed_after_s": 5, "work_pool": {"name": "vlcorpus"}}]}))
+    deployed = stack.run(f"vlcorpus deploy --file {deployments}")
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    with _alert_hook(stack) as alert, _client() as client:
+        started = stack.run("prefect deployment run rebuild_corpus/nightly-crash")
+        dead = UUID(re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1))
+        deadline = time.monotonic() + 300
+        while not (root / "_lock.json").exists() or not _flow_processes(dead):
+            assert time.monotonic() < deadline, stack.worker_log.read_text()[-4000:]
+            time.sleep(0.5)
+        time.sleep(2)  # the heartbeat the run sent as it started has reached the server
+        _kill_tree([stack.worker.pid, *_flow_processes(dead)])
+        killed = time.monotonic()
+        stack.worker = stack.start_worker()
+
+        crashed = _wait_final(dead, stack, seconds=CRASHED_AFTER_S + 60)
+        crashed_s = time.monotonic() - killed
+        assert crashed.state.type.value == "CRASHED", crashed.state
+        assert f"sent no heartbeat for {CRASHED_AFTER_S} s" in crashed.state.message, crashed.state.message
+        assert crashed_s < CRASHED_AFTER_S + 30, crashed_s
+        text = alert(f"vlcorpus: {crashed.name} (nightly-crash) ended Crashed")
+        alerted_s = time.monotonic() - killed
+        assert "sent no heartbeat" in text, text
+
+        def reruns() -> list:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                deployment_id=FlowRunFilterDeploymentId(any_=[crashed.deployment_id])))
+            return [run for run in runs if run.id != dead]
+
+        deadline = time.monotonic() + 120
+        while not reruns():
+            assert time.monotonic() < deadline, stack.server_log.read_text()[-3000:]
+            time.sleep(1)
+        (rerun,) = reruns()
+        done = _wait_final(rerun.id, stack)
+        done_s = time.monotonic() - killed
+        client.delete_deployment(crashed.deployment_id)
+    _completed(done, stack)
+    assert done.name == f"{crashed.name}-rerun" and done.parameters["rerun_of"] == crashed.name
+    messages = _logs(done.id)
+    assert any("taking over the lock of flow run" in m and "its process is gone" in m for m in messages), messages
+    print(f"crash: Crashed {crashed_s:.0f} s after the SIGKILL, alerted after {alerted_s:.0f} s, "
+          f"its rerun completed after {done_s:.0f} s")
+    checked = stack.run(f"vlcorpus validate {root}")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert stack.scheduler_errors() == []
+
+
+@pytest.mark.slow
+def test_an_unhealthy_build_ends_failed_and_the_alert_of_infra_readme_posts_it(stack, tmp_path):
+    with _alert_hook(stack) as alert:
         config = tmp_path / "dead.yaml"
         config.write_text(yaml.safe_dump({"name": "dead", "sources": [{"type": "list", "path": "gone.txt"}]}))
         run_id = UUID(re.search(r"UUID: ([0-9a-f-]{36})", stack.run(
@@ -543,11 +601,5 @@ def test_an_unhealthy_build_ends_failed_and_the_alert_of_infra_readme_posts_it(s
         assert run.state.message.startswith(f"The build of {tmp_path / 'root'} is unhealthy: the sources "
                                             f"listed 0 videos"), run.state.message
         assert "Unexpected result for failed state" not in stack.worker_log.read_text()
-        deadline = time.monotonic() + 120
-        while not _Hook.received:
-            assert time.monotonic() < deadline, stack.server_log.read_text()[-3000:]
-            time.sleep(1)
-    finally:
-        hook.shutdown()
-    text = _Hook.received[0]["text"]
-    assert f"vlcorpus: {run.name} (rebuild) ended Failed" in text and "is unhealthy" in text, text
+        text = alert(f"vlcorpus: {run.name} (rebuild) ended Failed")
+    assert "is unhealthy" in text, text
