@@ -107,7 +107,7 @@ def check_server() -> str:
 
 
 def _liveness(spec: dict[str, Any], file: Path) -> liveness.Liveness:
-    """The file's ``liveness`` section, checked (Prefect's defaults where it has none)."""
+    """The file's ``liveness`` section, checked (without one: heartbeats every 30 s, Crashed after 90 s)."""
     try:
         return liveness.Liveness.model_validate(spec.get("liveness") or {})
     except ValidationError as exc:

@@ -48,11 +48,10 @@ def _json(template: str) -> dict[str, object]:
     return {"__prefect_kind": "json", "value": {"__prefect_kind": "jinja", "template": template}}
 
 
-def name_rerun(run: FlowRun, crashed: str) -> str:
+def name_rerun(run: FlowRun, crashed: str) -> None:
     """Rename ``run`` (on the server, and the object its flow's logs and lock read) as the
-    rerun of the run named ``crashed``; returns the name."""
+    rerun of the run named ``crashed``."""
     name = f"{crashed}{SUFFIX}"
     with get_client(sync_client=True) as client:
         client.set_flow_run_name(run.id, name)
     run.name = name
-    return name

@@ -145,21 +145,28 @@ def test_the_schedule_forms_of_prefect_yaml_register_as_written(tmp_path, prefec
     assert not rrule.active and rrule.parameters == {"until": "discover"}
 
 
-def test_a_liveness_or_rerun_deploy_cannot_use_is_one_line_and_exit_2(tmp_path):
+def test_a_liveness_or_rerun_deploy_cannot_use_is_refused(tmp_path):
+    from flows.deploy import DeployError, deploy
+
     deployments = tmp_path / "d.yaml"
     _deployments(deployments, [], root=str(tmp_path / "c"))
     spec = yaml.safe_load(deployments.read_text())
     spec["liveness"] = {"heartbeat_s": 10}
     deployments.write_text(yaml.safe_dump(spec))
-    lines = _lines(_deploy("--file", str(deployments)))
-    assert lines == [f"{deployments}: liveness.heartbeat_s: Input should be greater than or equal to 30"]
+    with pytest.raises(DeployError, match=f"^{deployments}: liveness.heartbeat_s: Input should be greater "
+                                          f"than or equal to 30$"):
+        deploy(deployments, ROOT)
 
-    spec["liveness"] = {}
+    spec["liveness"] = {"crashed_after_s": 45}
     spec["deployments"][0].update(entrypoint="flows.build.download_flow", rerun_crashed_after_s=60)
     deployments.write_text(yaml.safe_dump(spec))
-    lines = _lines(_deploy("--file", str(deployments)))
-    assert lines[0] == ("nightly: rerun_crashed_after_s needs the entrypoint flows.build.rebuild_corpus, whose "
-                        "runs take the root's lock"), lines
+    with pytest.raises(DeployError, match="crashed_after_s \\(45\\) must be at least twice heartbeat_s"):
+        deploy(deployments, ROOT)
+    spec["liveness"] = {}
+    deployments.write_text(yaml.safe_dump(spec))
+    with pytest.raises(DeployError, match="^nightly: rerun_crashed_after_s needs the entrypoint "
+                                          "flows.build.rebuild_corpus, whose runs take the root's lock\n"):
+        deploy(deployments, ROOT)
 
 
 def _wait_for(read, seconds: float = 60):

@@ -1,10 +1,11 @@
 """The worker path of infra/README.md with real processes, as a user types it: `prefect server
 start`, `vlcorpus deploy`, `prefect worker start --pool vlcorpus`, `prefect deployment run`.
 The `rebuild` deployment builds a generated site and resumes with nothing redone, a schedule
-fires by itself, overlapping builds of one root never interleave, Prefect's own list
-commands work against the server, and its run history stays bounded. Each test ends by checking
-that the server's scheduler logged no error (with SQLAlchemy 2.1 it fails on every pass, and
-says so only there)."""
+fires by itself, overlapping builds of one root never interleave, a build killed with its
+worker is marked Crashed by the server, alerted and run again, Prefect's own list commands work
+against the server, and its run history stays bounded. Each test ends by checking that the
+server's scheduler logged no error (with SQLAlchemy 2.1 it fails on every pass, and says so
+only there)."""
 
 from __future__ import annotations
 
@@ -576,6 +577,8 @@ def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run
         (rerun,) = reruns()
         done = _wait_final(rerun.id, stack)
         done_s = time.monotonic() - killed
+        # The dead build's subflow runs sent heartbeats too: none is left Running.
+        assert {run.state.type.value for run in _run_tree(client, dead)} == {"CRASHED"}
         client.delete_deployment(crashed.deployment_id)
     _completed(done, stack)
     assert done.name == f"{crashed.name}-rerun" and done.parameters["rerun_of"] == crashed.name
