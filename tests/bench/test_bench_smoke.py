@@ -91,7 +91,9 @@ def test_rehearsal_config_and_deployment(tmp_path):
     assert cfg.execution.partitions == 4 and cfg.features.extractors
     path = tmp_path / "rehearsal.yaml"
     path.write_text(yaml.safe_dump(rehearsal.config(tmp_path / "urls.txt", None)))
-    assert rehearsal.DEPLOYMENT.split("/")[1] in yaml.safe_dump(rehearsal.deployments(path))
+    (deployment,) = rehearsal.deployments(path)["deployments"]
+    assert deployment["name"] == rehearsal.DEPLOYMENT.split("/")[1]
+    assert deployment["rerun_crashed_after_s"] >= 0  # the fault run's build is finished by its rerun
 
 
 @pytest.mark.slow
