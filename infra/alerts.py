@@ -1,8 +1,8 @@
 """An alert when a vlcorpus build ends Failed (an unhealthy build, or an error) or Crashed (its
 process died: said by its worker, or by the server once the run's heartbeats stop when the
-machine died with the worker, flows/liveness.py): a Prefect automation whose action posts the run's name, state and message to a webhook (Slack,
-Teams, Discord, or any service that takes a JSON POST). Run once per Prefect server, with
-PREFECT_API_URL set:
+machine died with the worker, flows/liveness.py): a Prefect automation whose action posts the
+run's name, state and message to a webhook (Slack, Teams, Discord, or any service that takes a
+JSON POST). Run once per Prefect server, with PREFECT_API_URL set:
 
     python infra/alerts.py --webhook https://hooks.slack.com/services/T000/B000/XXXX
 
