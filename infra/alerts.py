@@ -51,7 +51,8 @@ def main() -> None:
                         help="allow a webhook on a private address (127.0.0.1, 10.x, ...)")
     args = parser.parse_args()
     automation = install(args.webhook, args.allow_private)
-    print(f"automation {automation.name} ({automation.id}): builds that end Failed or Crashed are posted to {args.webhook}")
+    print(f"automation {automation.name} ({automation.id}): builds that end Failed or Crashed "
+          f"are posted to {args.webhook}")
 
 
 if __name__ == "__main__":

@@ -163,7 +163,8 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
     port = _free_port()
     api_url = ONE_MACHINE[3].split("=", 1)[1].replace("4200", str(port))
     # The telemetry setting comes from the profile that README's first command writes.
-    env = {**{k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_ANALYTICS_ENABLED"}, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(base / "prefect-home"),
+    env = {**{k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_ANALYTICS_ENABLED"},
+           "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(base / "prefect-home"),
            "PREFECT_SERVER_API_PORT": str(port),
            "PREFECT_API_URL": api_url, "PREFECT_WORKER_QUERY_SECONDS": "2",
            # The server's clean-up of old runs looks every 2 s instead of hourly.
