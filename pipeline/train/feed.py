@@ -72,7 +72,7 @@ class StreamFeed:
         return self.stream.sample(("train",), self.cfg.stream.held_out, self.cfg.seed)
 
     def counts(self) -> dict[str, int]:
-        return dict(sorted(self.stream.counts.items()))
+        return {split: n for split, n in sorted(self.stream.counts.items()) if n}
 
 
 def feed_for(pairs: PairSet | PairStream, cfg: TrainConfig, eval_on: EvalOn) -> Feed:
