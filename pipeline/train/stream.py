@@ -48,18 +48,17 @@ class PairStream:
     def __init__(self, corpus: Corpus, visual: str | Sequence[str], text: str, options: StreamConfig,
                  test_ids: frozenset[str] | None = None) -> None:
         self.corpus = corpus
-        self.visual_names = [visual] if isinstance(visual, str) else list(visual)
-        self.text_name = text
         self.options = options
-        self.test_ids = test_ids
+        # Only the listed clips of the test split are test pairs; an Arrow array, as the filter takes it.
+        self.test_ids = None if test_ids is None else pa.array(sorted(test_ids), pa.string())
         self.meta = {"source": corpus.url, "visual": visual, "text": text, "streamed": True}
-        self.tables = {f"visual{i}": f"features/{feature_key(n)}" for i, n in enumerate(self.visual_names)}
-        self.tables["text"] = f"features/{feature_key(text)}"
-        for role, table in self.tables.items():
-            if corpus.dataset(table).count_rows() == 0:
-                name = text if role == "text" else self.visual_names[int(role[len("visual"):])]
-                raise PairsError(f"{corpus.url}: {table} ({role.rstrip('0123456789')} extractor {name!r}) has "
-                                 f"no rows; tables present: {', '.join(corpus.tables()) or '(none)'}")
+        names = [visual] if isinstance(visual, str) else list(visual)
+        roles = [(f"visual{i}", "visual", n) for i, n in enumerate(names)] + [("text", "text", text)]
+        self.tables = {key: f"features/{feature_key(name)}" for key, _, name in roles}
+        for key, role, name in roles:
+            if corpus.dataset(self.tables[key]).count_rows() == 0:
+                raise PairsError(f"{corpus.url}: {self.tables[key]} ({role} extractor {name!r}) has no rows; "
+                                 f"tables present: {', '.join(corpus.tables()) or '(none)'}")
         self.counts: dict[str, int] = {}  # pairs per split, as the last full pass over it found
 
     def clip_count(self, split: str) -> int:
@@ -90,8 +89,8 @@ class PairStream:
         wanted = ds.field("split").isin(list(splits))
         clips = self.corpus.read("clips", columns=CLIP_COLUMNS, filter=wanted, partition=partition)
         if self.test_ids is not None and "test" in splits:
-            listed = pa.array(sorted(self.test_ids), pa.string())
-            keep = pc.or_(pc.not_equal(clips.column("split"), "test"), pc.is_in(clips.column("clip_id"), listed))
+            keep = pc.or_(pc.not_equal(clips.column("split"), "test"),
+                          pc.is_in(clips.column("clip_id"), self.test_ids))
             clips = clips.filter(keep)
         return clips.sort_by("clip_id")
 

@@ -59,6 +59,8 @@ def test_from_corpus_joins_and_maps_candidates(corpus):
 def test_from_corpus_missing_features_names_table(corpus):
     with pytest.raises(PairsError, match="features/s3d"):
         PairSet.from_corpus(corpus, "s3d", "text:bert")
+    with pytest.raises(PairsError, match=r"features/s3d \(visual extractor 's3d'\)"):
+        PairStream(corpus, ["resnet34", "s3d"], "text:bert", StreamConfig())
 
 
 def _pairs(n=6, frames=True):
