@@ -21,9 +21,9 @@ from pipeline.train import losses
 from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, concat_candidates, epoch_rng
 from pipeline.train.evaluation import (EvalOn, encode_all, evaluate_model, evaluation_pairs, mean_recall,
                                        similarity_matrix, to_device)
+from pipeline.train.feed import feed_for, held_out
 from pipeline.train.metrics import retrieval_metrics
 from pipeline.train.models import SMIT, Encoded, RetrievalModel, build_model
-from pipeline.train.feed import feed_for, held_out
 from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.schedule import LrSchedule, finetune_schedule, schedule_for
 from pipeline.train.stream import PairStream
