@@ -52,7 +52,7 @@ from pipeline.config.sources import (
     UrlsSource,
 )
 from pipeline.config.storage import StorageConfig
-from pipeline.config.train import TRAIN_DEFAULTS, TrainConfig, TrainModel
+from pipeline.config.train import TRAIN_DEFAULTS, StreamConfig, TrainConfig, TrainModel
 
 __all__ = [
     "SCHEMA_PATH", "SOURCE_TYPES", "TEXT_PREFIX", "TRAIN_DEFAULTS", "VISUAL_EXTRACTORS",
@@ -60,7 +60,7 @@ __all__ = [
     "ExecutionConfig", "ExtractorConfig", "HealthConfig", "FeaturesConfig", "FiltersConfig", "FolderSource",
     "FramesConfig", "GoogleAsrConfig", "ListSource", "MILNCE_PREFIX", "ParquetShardConfig",
     "PlaylistSource", "QualityConfig", "ScoreConfig", "SearchSource", "SentenceConfig", "ShardsConfig",
-    "Source", "StorageConfig", "TrainConfig", "TrainModel", "TranscribeConfig", "UrlsSource",
+    "Source", "StorageConfig", "StreamConfig", "TrainConfig", "TrainModel", "TranscribeConfig", "UrlsSource",
     "WebDatasetConfig", "config_from_yaml", "config_hash", "config_json_schema", "dump_config", "load_config",
     "milnce_weights", "parse_config", "score_key",
 ]

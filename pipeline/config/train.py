@@ -41,6 +41,20 @@ TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+class StreamConfig(BaseModel):
+    """Training on corpora too large to hold in memory: pairs streamed from the tables."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    above: int = Field(1_000_000, ge=0, description="a corpus whose clips table has more rows than "
+                       "this trains streamed (smaller ones are read whole, as before)")
+    buffer: int = Field(16_384, ge=2, description="pairs in the shuffle buffer batches are drawn from")
+    chunk: int = Field(8_192, ge=1, description="clips read and joined with their features at once "
+                       "(whole videos, so MIL-NCE candidates stay together)")
+    held_out: int = Field(5_000, ge=2, description="val and test pairs kept per split (a seeded "
+                          "sample): selection and evaluation score these in memory")
+
+
 class TrainConfig(BaseModel):
     """A retrieval model trained on the corpus; unset keys take the model's paper values."""
 
@@ -75,6 +89,7 @@ class TrainConfig(BaseModel):
     temperature: float = Field(1.0, gt=0, description="softmax temperature of contrastive losses")
     margin: float = Field(0.2, ge=0, description="ranking margin; MMS initial margin; AsyNCE delta")
     options: dict[str, Any] = Field(default_factory=dict, description="model-specific settings")
+    stream: StreamConfig = Field(default_factory=StreamConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -7,6 +7,7 @@ exact ids, so a partition's features are read about once for all its shards.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,14 +38,19 @@ def feature_tables(corpus: Corpus) -> dict[str, str]:
 def batch_features(corpus: Corpus, partition: str, clip_ids: list[str],
                    tables: dict[str, str]) -> dict[str, dict[str, np.ndarray]]:
     """{feature key: {clip_id: float16 array}} for the clips of a batch that have them."""
+    return features_in({key: corpus.dataset(table, partition) for key, table in tables.items()}, clip_ids)
+
+
+def features_in(datasets: Mapping[str, ds.Dataset], clip_ids: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """`batch_features` from features tables opened once (a reader of many batches of one
+    partition lists its files once)."""
     if not clip_ids:
-        return {key: {} for key in tables}
+        return {key: {} for key in datasets}
     wanted = (ds.field("clip_id") >= min(clip_ids)) & (ds.field("clip_id") <= max(clip_ids)) \
         & ds.field("clip_id").isin(clip_ids)
     out = {}
-    for key, table in tables.items():
-        data = corpus.read(table, columns=["clip_id", "shape", "values"], filter=wanted,
-                           partition=partition)
+    for key, dataset in datasets.items():
+        data = dataset.to_table(columns=["clip_id", "shape", "values"], filter=wanted)
         values = data.column("values").combine_chunks()
         flat = values.values.to_numpy(zero_copy_only=False)
         offsets = values.offsets.to_numpy()

@@ -21,10 +21,12 @@ from pipeline.train import losses
 from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, concat_candidates, epoch_rng
 from pipeline.train.evaluation import (EvalOn, encode_all, evaluate_model, evaluation_pairs, mean_recall,
                                        similarity_matrix, to_device)
+from pipeline.train.feed import feed_for, held_out
 from pipeline.train.metrics import retrieval_metrics
 from pipeline.train.models import SMIT, Encoded, RetrievalModel, build_model
 from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.schedule import LrSchedule, finetune_schedule, schedule_for
+from pipeline.train.stream import PairStream
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +191,7 @@ def _save(path: Path, state: dict[str, Any]) -> None:
 
 @torch.no_grad()
 def _init_background(model: RetrievalModel, train: PairSet, device: torch.device, seed: int) -> None:
-    if model.discriminator is None:
-        return
+    assert model.discriminator is not None
     video, _ = encode_all(model, train, device)
     emb = video.emb if video.emb.ndim == 2 else _mean_frames(video)
     gen = torch.Generator().manual_seed(seed)
@@ -206,26 +207,26 @@ def _phase_schedule(cfg: TrainConfig, epoch: int) -> LrSchedule:
     return finetune_schedule(cfg) if epoch >= cfg.epochs else schedule_for(cfg)
 
 
-def train(pairs: PairSet, cfg: TrainConfig, out_dir: Path, device: str = "auto", resume: bool = True,
+def train(pairs: PairSet | PairStream, cfg: TrainConfig, out_dir: Path, device: str = "auto", resume: bool = True,
           eval_on: EvalOn = "test", source: str | None = None) -> dict[str, Any]:
     """Train `cfg.model` on the train split, checkpoint every epoch into
     out_dir/checkpoints (resuming from the newest when `resume`), keep the best epoch on the
     val split when `cfg.select` asks (best.pt), run S-MiT's second phase when `cfg.finetune`,
     evaluate the selected model on the test split and write out_dir/metrics.json and
     out_dir/curve.png. Returns the metrics dict, with the config and the data it trained on
-    (`source`: where the pairs came from, as the report shows it)."""
+    (`source`: where the pairs came from, as the report shows it). Pairs streamed from a corpus
+    (`PairStream`) select and evaluate on a bounded sample of their val and test splits."""
     out_dir = Path(out_dir)
     ckpt_dir = out_dir / CHECKPOINT_DIR
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     dev = torch.device(pick_device(device, "--device"))
     seed_everything(cfg.seed)
-    train_set = pairs.subset("train")
-    if len(train_set) < 2:
-        raise PairsError(f"training needs at least 2 train pairs, got {len(train_set)}")
-    evaluation_pairs(pairs, eval_on)  # no test split: fail before training, not after
-    val = pairs.subset("val")
+    feed = feed_for(pairs, cfg, eval_on)
+    held = feed.held
+    evaluation_pairs(held, eval_on)  # no test split: fail before training, not after
+    val = held.subset("val")
     selecting = cfg.select != "last" and len(val) >= 2
-    model = build_model(cfg, pairs.visual_dim, pairs.text_dim).to(dev)
+    model = build_model(cfg, held.visual_dim, held.text_dim).to(dev)
     opt = make_optimizer(model, cfg, cfg.lr)
     use_amp = dev.type == "cuda"
     amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
@@ -246,8 +247,8 @@ def train(pairs: PairSet, cfg: TrainConfig, out_dir: Path, device: str = "auto",
         log.info("resumed from %s at epoch %d", latest, start_epoch)
     else:
         (ckpt_dir / BEST).unlink(missing_ok=True)  # a previous run's pick
-        _init_background(model, train_set, dev, cfg.seed)
-    sampler = GroupBatchSampler(train_set.groups, min(cfg.batch_size, len(train_set)), cfg.seed)
+        if model.discriminator is not None:  # a stream reads its sample only for WAL-att-adv
+            _init_background(model, feed.background(), dev, cfg.seed)
     opts = batch_options(cfg)
     clip = cfg.options.get("grad_clip", 2.0 if cfg.model in ("order", "max_margin") else None)
     total_epochs = cfg.epochs * (2 if cfg.finetune else 1)
@@ -259,12 +260,11 @@ def train(pairs: PairSet, cfg: TrainConfig, out_dir: Path, device: str = "auto",
             opt = make_optimizer(model, cfg, finetune_schedule(cfg).base)
         schedule = _phase_schedule(cfg, epoch)
         model.train()
-        rng = epoch_rng(cfg.seed, epoch)
         total, n_batches, z0, zn = 0.0, 0, 0.0, 0.0
         lr = schedule(step, epoch)
-        for idx in sampler.batches(epoch):
+        for batch in feed.batches(epoch, opts):
             lr = schedule.apply(opt, step, epoch)
-            batch = to_device(collate(train_set, idx, opts, rng), dev)
+            batch = to_device(batch, dev)
             with torch.autocast(dev.type, dtype=amp_dtype, enabled=use_amp):
                 loss, stats = compute_loss(model, batch, cfg, step, epoch)
             opt.zero_grad(set_to_none=True)
@@ -287,7 +287,7 @@ def train(pairs: PairSet, cfg: TrainConfig, out_dir: Path, device: str = "auto",
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
             "epoch": epoch, "step": step, "curve": curve,
             "config": cfg.model_dump(mode="json"),
-            "visual_dim": pairs.visual_dim, "text_dim": pairs.text_dim,
+            "visual_dim": held.visual_dim, "text_dim": held.text_dim,
         }
         if selecting:
             point["val"] = validation_score(model, val, cfg, dev, step, epoch)
@@ -302,14 +302,16 @@ def train(pairs: PairSet, cfg: TrainConfig, out_dir: Path, device: str = "auto",
         _save(ckpt_dir / f"epoch_{epoch:04d}.pt", state)
     if best is not None:
         model.load_state_dict(torch.load(ckpt_dir / BEST, map_location=dev, weights_only=False)["model"])
-    result = evaluate_model(model, pairs, dev, cfg.seed, cfg.eval_protocol, eval_on)
+    result = evaluate_model(model, held, dev, cfg.seed, cfg.eval_protocol, eval_on)
     result["selected"] = best or {"by": "last", "epoch": total_epochs - 1,
                                   **({} if cfg.select == "last" else {"note": f"no val split: {cfg.select} "
                                                                               f"needs 2 val pairs"})}
     result["curve"] = curve
     result["config"] = cfg.model_dump(mode="json")
-    result["data"] = {"source": source, "visual_dim": pairs.visual_dim, "text_dim": pairs.text_dim,
-                      "pairs": {split: pairs.splits.count(split) for split in sorted(set(pairs.splits))}}
+    result["data"] = {"source": source, "visual_dim": held.visual_dim, "text_dim": held.text_dim,
+                      "pairs": feed.counts()}
+    if isinstance(pairs, PairStream):
+        result["data"]["streamed"] = {"held_out_per_split": cfg.stream.held_out}
     result["device"] = dev.type
     # Float sums split over threads round differently, so CPU runs match at equal thread counts.
     result["torch_threads"] = torch.get_num_threads()
@@ -340,7 +342,7 @@ def write_outputs(out_dir: Path, result: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-def evaluate(checkpoint_dir: str | Path, pairs: PairSet, device: str = "auto",
+def evaluate(checkpoint_dir: str | Path, pairs: PairSet | PairStream, device: str = "auto",
              eval_on: EvalOn = "test") -> dict[str, Any]:
     """Metrics of the checkpoint training selected under `checkpoint_dir` (a training dir or
     its checkpoints dir: best.pt when the run picked one on the val split, else the newest
@@ -351,6 +353,7 @@ def evaluate(checkpoint_dir: str | Path, pairs: PairSet, device: str = "auto",
     dev = torch.device(pick_device(device, "--device"))
     state = torch.load(path, map_location=dev, weights_only=False)
     cfg = TrainConfig.model_validate(state["config"])
+    pairs = held_out(pairs, cfg, eval_on)
     if (pairs.visual_dim, pairs.text_dim) != (state["visual_dim"], state["text_dim"]):
         raise ValueError(f"{path} was trained on visual/text dims {state['visual_dim']}/{state['text_dim']}, "
                          f"the pairs have {pairs.visual_dim}/{pairs.text_dim}")

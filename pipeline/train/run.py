@@ -17,6 +17,7 @@ from pipeline.storage import Corpus
 from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.evaluation import EvalOn
 from pipeline.train.loop import evaluate, train
+from pipeline.train.stream import PairStream
 
 SKIPPED = "skipped.json"
 
@@ -31,23 +32,27 @@ def listed_test_only(pairs: PairSet, clip_ids: set[str]) -> PairSet:
 
 
 def pairs_for(corpus: Corpus, cfg: Config, pairs_file: str | None = None,
-              shards: str | None = None) -> PairSet:
+              shards: str | None = None) -> PairSet | PairStream:
     """Pairs from an external pairs file, or from shards (WebDataset or Parquet), else from the
-    corpus's features tables; with align.test_clip_ids, only the listed clips are test pairs."""
+    corpus's features tables: read whole, or streamed when the clips table has more rows than
+    train.stream.above; with align.test_clip_ids, only the listed clips are test pairs."""
     if pairs_file and shards:
         raise ValueError("give a pairs file or shards, not both")
     if pairs_file:
         return PairSet.from_pairs_file(pairs_file)
     assert cfg.train is not None
     visual = cfg.train.visual_names
+    listed = None
+    if cfg.align.test_clip_ids:
+        with fsspec.open(cfg.align.test_clip_ids, "rt") as handle:
+            listed = frozenset(line.strip() for line in handle if line.strip())
+    if not shards and corpus.dataset("clips").count_rows() > cfg.train.stream.above:
+        return PairStream(corpus, visual, cfg.train.text, cfg.train.stream, listed)
     if shards:
         pairs = PairSet.from_shards(shards, visual, cfg.train.text)
     else:
         pairs = PairSet.from_corpus(corpus, visual, cfg.train.text)
-    if cfg.align.test_clip_ids:
-        with fsspec.open(cfg.align.test_clip_ids, "rt") as handle:
-            pairs = listed_test_only(pairs, {line.strip() for line in handle if line.strip()})
-    return pairs
+    return pairs if listed is None else listed_test_only(pairs, listed)
 
 
 def train_folder(cfg: Config) -> str:

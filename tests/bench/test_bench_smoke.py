@@ -33,6 +33,8 @@ QUICK = {
     "score_noisy": (["--quick", "--seeds", "1", "--epochs", "1", "--rates", "0.3", "--noise", "swap"],
                     "clean pairs only"),
     "shards": (["--clips", "100"], "parquet:    ours"),
+    "train_memory": (["--clips", "600", "--partitions", "2", "--batch-size", "32", "--held-out", "20"],
+                     '"peak_rss_mb"'),
 }
 SLOW = {
     "build": (["--sizes", "2", "--demo-videos", "2"], "flow peak RSS MB"),

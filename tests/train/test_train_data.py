@@ -7,9 +7,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import trainkit
+from pipeline.config import StreamConfig
 from pipeline.storage import Corpus
 from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, sample_frames, sample_window, sample_words
 from pipeline.train.pairs import PairSet, PairsError
+from pipeline.train.stream import PairStream
 
 
 def _clip(cid, vid, text, split="train", candidates=None):
@@ -56,6 +59,8 @@ def test_from_corpus_joins_and_maps_candidates(corpus):
 def test_from_corpus_missing_features_names_table(corpus):
     with pytest.raises(PairsError, match="features/s3d"):
         PairSet.from_corpus(corpus, "s3d", "text:bert")
+    with pytest.raises(PairsError, match=r"features/s3d \(visual extractor 's3d'\)"):
+        PairStream(corpus, ["resnet34", "s3d"], "text:bert", StreamConfig())
 
 
 def _pairs(n=6, frames=True):
@@ -200,3 +205,53 @@ def test_listed_test_clips_are_the_only_test_pairs():
     kept = listed_test_only(pairs, {"b", "c"})
     assert kept.pair_ids == ["b", "c", "d"] and kept.splits == ["test", "train", "val"]
     assert kept.captions == ["2", "3", "4"]
+
+
+def _stream(corpus, **options):
+    return PairStream(corpus, "resnet34", "text:x", StreamConfig(**options))
+
+
+def test_a_stream_epoch_is_every_train_pair_once_shuffled_by_the_seed(tmp_path):
+    """Chunks poured into a buffer smaller than the split: each pair once per epoch, one per
+    video per batch, the same order for the same seed and another for another epoch."""
+    corpus = Corpus(str(tmp_path))
+    trainkit.synthetic_features(corpus, n=40)
+    stream = _stream(corpus, buffer=12, chunk=5)
+
+    def epoch(seed):
+        return [pairs.pair_ids[i] for pairs, idx in stream.batches("train", 8, np.random.default_rng(seed))
+                for i in idx]
+
+    batches = list(stream.batches("train", 8, np.random.default_rng(0)))
+    assert all(len({pairs.groups[i] for i in idx}) == len(idx) for pairs, idx in batches)
+    first = epoch(0)
+    assert sorted(first) == sorted(PairSet.from_corpus(corpus, "resnet34", "text:x").subset("train").pair_ids)
+    assert first == epoch(0) and first != epoch(1)
+    assert stream.counts == {"train": 30}
+
+
+def test_a_streamed_batch_carries_its_candidates(corpus):
+    """MIL-NCE: a clip's candidates (clips of its video) come along into any batch it is drawn
+    in, and collate makes the same bags as from the pairs in memory."""
+    corpus.write_batch("features/text_x", [_feat(x, "text:x", np.full((6,), i)) for i, x in
+                                           enumerate(["a-0", "a-1", "b-0"])], "t1", "00000")
+    ((pairs, idx),) = _stream(corpus).batches("train", 4, np.random.default_rng(0))
+    bags = collate(pairs, idx, BatchOptions(candidates=5), np.random.default_rng(0))
+    memory = PairSet.from_corpus(corpus, "resnet34", "text:x").subset("train")
+    order = [memory.pair_ids.index(pairs.pair_ids[i]) for i in idx]
+    expected = collate(memory, order, BatchOptions(candidates=5), np.random.default_rng(0))
+    assert bags["cand"].equal(expected["cand"]) and bags["cand_mask"].equal(expected["cand_mask"])
+
+
+def test_the_held_out_sample_is_bounded_and_the_same_whoever_asks(tmp_path):
+    """At most `held_out` pairs per split, the same test pairs whether val is sampled with them
+    (training) or not (evaluation); align.test_clip_ids leaves only the listed test pairs."""
+    corpus = Corpus(str(tmp_path))
+    trainkit.synthetic_features(corpus, n=80)
+    stream = _stream(corpus, chunk=7)
+    both = stream.sample(("train", "test"), 6, seed=3)
+    assert both.splits.count("train") == 6 and both.splits.count("test") == 6
+    assert both.subset("test").pair_ids == stream.sample(("test",), 6, seed=3).pair_ids
+    assert stream.counts == {"train": 60, "test": 20}
+    listed = PairStream(corpus, "resnet34", "text:x", StreamConfig(), frozenset({"syn-v000-0-3000", "syn-v001-0-3000"}))
+    assert listed.sample(("test",), 6, seed=3).pair_ids == ["syn-v000-0-3000"]  # v001 is a train clip
