@@ -308,6 +308,7 @@ def main() -> None:
             "wall_s": round(wall, 1), "videos_per_min": round(args.videos * 60 / wall, 1),
             "clips": status["stages"]["shard"]["upstream"],
             "task_runs": figures["task_runs"], "task_runs_of_build": built["run_task_runs"],
+            "task_runs_of_idle_build": figures["run_task_runs"],
             "flow_runs": figures["flow_runs"], "prefect_db_bytes": db_size(stack),
             "peak_rss_mb": {k: round(v) for k, v in sorted(peaks.peaks.items())},
             "store": {"requests": after["requests"] - before["requests"],

@@ -118,6 +118,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--s3", action="store_true", help="an S3 root on moto's server")
     parser.add_argument("--code", help="another checkout whose pipeline/ does the reads")
+    parser.add_argument("--skip-cold", action="store_true", help="no reads before the summaries are stored")
     parser.add_argument("--root")
     parser.add_argument("--read", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -142,7 +143,8 @@ def main() -> None:
         figures = {"partitions": args.partitions, "root": root,
                    "write_s": round(write_corpus(root, args.partitions), 1)}
         reads = ["status", "summary", "report"] + ([] if args.code else ["idle"])
-        figures["cold"] = {what: _child(what, root, args.code) for what in reads}
+        if not args.skip_cold:
+            figures["cold"] = {what: _child(what, root, args.code) for what in reads}
         if not args.code:
             figures["store_s"] = _child("store", root, None)
             figures["warm"] = {what: _child(what, root, None) for what in reads}
