@@ -69,6 +69,9 @@ def test_status_reads_the_summaries_and_rescans_a_partition_whose_files_changed(
     assert status["stages"]["download"]["upstream"] == 14
     assert status["by_partition"][label]["download"]["done"] == done
     assert idle_partitions(corpus, CFG, ["download"]).keys() == set(corpus.labels()) - {label}
+    retried = idle_partitions(corpus, CFG, ["download"], retry_failed=True)
+    assert corpus.partition_of("demo-bad1") not in retried  # --retry-failed: its failure is work
+    assert not idle_partitions(corpus, CFG, ["download", "transcribe"])  # nothing is transcribed
     assert (status, summarize(corpus)) == _from_tables(corpus)
 
 
