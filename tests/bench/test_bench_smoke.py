@@ -33,6 +33,7 @@ QUICK = {
     "score_noisy": (["--quick", "--seeds", "1", "--epochs", "1", "--rates", "0.3", "--noise", "swap"],
                     "clean pairs only"),
     "shards": (["--clips", "100"], "parquet:    ours"),
+    "summaries": (["--partitions", "2", "--skip-cold"], '"warm"'),
 }
 SLOW = {
     "build": (["--sizes", "2", "--demo-videos", "2"], "flow peak RSS MB"),
