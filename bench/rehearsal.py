@@ -372,6 +372,7 @@ def main() -> None:
             "wall_s": round(wall, 1), "videos_per_min": round(args.videos * 60 / wall, 1),
             "clips": status["stages"]["shard"]["upstream"],
             "task_runs": figures["task_runs"], "task_runs_of_build": built["run_task_runs"],
+            "task_runs_of_idle_build": figures["run_task_runs"],
             "flow_runs": figures["flow_runs"], "prefect_db_bytes": db[1][0],
             "prefect_db_bytes_by_run": [size for size, _ in db],
             "prefect_task_runs_by_run": [rows for _, rows in db],

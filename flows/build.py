@@ -151,7 +151,7 @@ def build_corpus(
         elif after_train:  # score comes after train in the stage order, so the report follows it
             reports.update(_after_train(corpus, cfg, "shard" in names, retry_failed, reports.get("shard")))
             record_run(corpus, reports, record)
-    summary = summarize(corpus)
+    summary = summarize(corpus, write=True)
     summary["stages"] = reports
     publish_summary(summary, _report_url(corpus))
     # When the build's own work began and ended (epoch seconds): the rest of a command's time
@@ -226,7 +226,7 @@ def run_build(
         else:
             stage_flow = STAGE_FLOWS[check_name(stage)].with_options(task_runner=runner)
             reports = stage_flow(cfg, root=chosen, retry_failed=retry_failed)
-            summary = {**summarize(Corpus(chosen)), "stages": reports}
+            summary = {**summarize(Corpus(chosen), write=True), "stages": reports}
     summary["health"] = assess(cfg.health, summary).as_dict()
     return summary
 

@@ -29,16 +29,19 @@ from pipeline.config import Config
 from pipeline.runner import StageReport, run_partition
 from pipeline.shards.stage import listing_report
 from pipeline.stages import context, parts
+from pipeline.status import Counts, idle_partitions
 from pipeline.storage import Corpus
+from pipeline.summarize_partition import store_summary
 
 
 @task(name="partition-stage", task_run_name="{stage_name} p{partition}", retries=2,
       retry_delay_seconds=[2, 10], cache_policy=NO_CACHE, persist_result=False)
 def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
-                   retry_failed: bool, limits_on: str) -> dict[str, Any]:
+                   retry_failed: bool, limits_on: str, last: bool = False) -> dict[str, Any]:
     """Every part of one stage over one partition (featurize: each extractor in turn); the
     shard stage then drops the partition's media unless ``storage.keep_media``. ``limits_on``:
-    where the tasks share download limits, "prefect" or "cluster" (see ``where_limits``)."""
+    where the tasks share download limits, "prefect" or "cluster" (see ``where_limits``).
+    The ``last`` task of a partition's chain stores the partition's summary."""
     started, began = time.monotonic(), time.time()
     ctx = context(Corpus(root), cfg)
     reports = {}
@@ -52,6 +55,8 @@ def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
     released = 0
     if stage_name == "shard" and not cfg.storage.keep_media:
         released = retention.release(ctx, partition)
+    if last:
+        store_summary(ctx, partition)
     return {"stage": stage_name, "partition": partition, "parts": reports, "released": released,
             "worker": _worker_name(), "seconds": time.monotonic() - started, "began": began}
 
@@ -114,6 +119,12 @@ class StageTotals:
         began, ended = result["began"], result["began"] + result["seconds"]
         self.span = (min(began, self.span[0]), max(ended, self.span[1])) if self.span else (began, ended)
 
+    def add_idle(self, counts: dict[str, Counts]) -> None:
+        """A partition without a task: its counts, from its summary, as a plan would find them."""
+        for name, c in counts.items():
+            self.parts.setdefault(name, StageReport(name)).merge(
+                StageReport(name, total=c.upstream, skipped_done=c.done, skipped_failed=c.final))
+
     def as_dicts(self) -> dict[str, dict[str, Any]]:
         # Wall time: from the stage's first task to its last, overlapping other stages when
         # pipelined; task seconds: summed over its tasks.
@@ -124,24 +135,31 @@ class StageTotals:
 
 
 def _submit(stage: str, partition: str, corpus: Corpus, cfg: Config, retry_failed: bool,
-            limits_on: str, after: PrefectFuture | None = None) -> PrefectFuture:
+            limits_on: str, after: PrefectFuture | None = None, last: bool = False) -> PrefectFuture:
     # GPU workers (`dask worker --resources GPU=1`) take featurize tasks when asked.
     gpu = cfg.execution.gpu_resource and stage == "featurize"
     with dask.annotate(**({"resources": {"GPU": 1}} if gpu else {})):
-        return partition_task.submit(stage, partition, corpus.url, cfg, retry_failed, limits_on,
+        return partition_task.submit(stage, partition, corpus.url, cfg, retry_failed, limits_on, last,
                                      wait_for=[after] if after is not None else None)
 
 
 def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_failed: bool,
                    pipelined: bool) -> dict[str, dict[str, Any]]:
-    """The partition stages over every partition: as one chain of tasks per partition with at
-    most ``execution.max_inflight_partitions`` chains at once, or one stage over all
-    partitions before the next. Returns each part's totals (and the shard listings)."""
+    """The partition stages over every partition with work: as one chain of tasks per partition
+    with at most ``execution.max_inflight_partitions`` chains at once, or one stage over all
+    partitions before the next. A partition whose summary says it has nothing to do costs no
+    task (its counts join the totals). Returns each part's totals (and the shard listings)."""
     logger = get_run_logger()
     started = time.time()
-    labels = corpus.labels()
     stage_names = [name for name in stage_names if parts(name, cfg)]  # featurize may have none
     totals = {name: StageTotals() for name in stage_names}
+    idle = idle_partitions(corpus, cfg, [p.name for n in stage_names for p in parts(n, cfg)], retry_failed)
+    labels = [label for label in corpus.labels() if label not in idle]
+    if idle:
+        logger.info("%d partitions have nothing to do (from their summaries): no tasks for them", len(idle))
+        for name in stage_names:
+            for counts in idle.values():
+                totals[name].add_idle({p.name: counts[p.name] for p in parts(name, cfg)})
     results: list[dict[str, Any]] = []
     limits_on = where_limits()
     if "download" in stage_names and limits_on == "prefect":
@@ -174,7 +192,8 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
                     partition = pending.pop(0)
                     previous = None
                     for stage in stage_names:
-                        previous = _submit(stage, partition, corpus, cfg, retry_failed, limits_on, previous)
+                        previous = _submit(stage, partition, corpus, cfg, retry_failed, limits_on, previous,
+                                           last=stage == stage_names[-1])
                         waiting[previous] = partition
                     left[partition] = len(stage_names)
                 if not waiting:
@@ -193,7 +212,9 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
                     del left[partition]
         else:
             for stage in stage_names:
-                for future in as_completed([_submit(stage, p, corpus, cfg, retry_failed, limits_on) for p in labels]):
+                last = stage == stage_names[-1]
+                futures = [_submit(stage, p, corpus, cfg, retry_failed, limits_on, last=last) for p in labels]
+                for future in as_completed(futures):
                     collect(future)
                 if failure is not None:
                     break

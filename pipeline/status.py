@@ -1,11 +1,12 @@
 """`vlcorpus status`: per stage, the items upstream, done, failed by kind, and to do.
 
 The figures are the runner's own planning (``runner.key_sets``: input keys − done keys − final
-failures, with Arrow, over key columns), added up partition by partition, so status and a
-build agree on what is left and memory follows one partition, not the corpus. Nothing is
-written and no lock is taken: status reads committed files only, as planning does, and may run
-while a build writes. A file that a compaction replaces between the listing and the read is
-read again from a fresh listing.
+failures, with Arrow, over key columns), partition by partition, so status and a build agree on
+what is left and memory follows one partition, not the corpus. Each partition's figures are kept
+in its summary (pipeline/partsummary.py) and rescanned only where the partition's files or the
+config changed since. Nothing is written and no lock is taken: status reads committed files
+only, as planning does, and may run while a build writes. A file that a compaction replaces
+between the listing and the read is read again from a fresh listing.
 
 JSON shape (``vlcorpus status ROOT --json``)::
 
@@ -33,9 +34,8 @@ per corpus: their failures are under ``corpus_errors``).
 
 from __future__ import annotations
 
+import hashlib
 import json
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.table import Table
 
-from pipeline import graph, partitions
+from pipeline import graph, partitions, partsummary
 from pipeline.config import Config
 from pipeline.errors import ErrorKind
 from pipeline.runner import FINAL_KINDS, KeySets, Stage, StageContext, key_sets
@@ -53,8 +53,9 @@ from pipeline.storage import Corpus
 
 # Final kinds first, then those a build tries again.
 KINDS: tuple[str, ...] = FINAL_KINDS + tuple(k.value for k in ErrorKind if k.value not in FINAL_KINDS)
-# A compaction may delete a listed file before it is read: list and read again, this often.
-READ_TRIES = 5
+SECTION = "status"
+# Config sections that change no stage's counts (see ``status_key``).
+_NOT_IN_STATUS = {"name", "root", "sources", "filters", "download", "execution", "health"}
 
 
 @dataclass
@@ -104,23 +105,16 @@ def counts_of(stage: Stage, sets: KeySets) -> Counts:
     return Counts(stage.output, upstream=len(sets.keys), done=done, todo=len(sets.todo), failed=failed)
 
 
-def _retrying_reads(read: Callable[[], KeySets]) -> KeySets:
-    attempt = 1
-    while True:
-        try:
-            return read()
-        except FileNotFoundError:
-            # A compaction committed and deleted the files it replaced after they were listed.
-            if attempt == READ_TRIES:
-                raise
-            time.sleep(0.05 * attempt)
-            attempt += 1
-
-
 def partition_counts(stage: Stage, ctx: StageContext, partition: str) -> Counts:
     """One stage's figures in one partition, as the runner would plan it (without
     --retry-failed)."""
-    return counts_of(stage, _retrying_reads(lambda: key_sets(stage, ctx, partition)))
+    return counts_of(stage, key_sets(stage, ctx, partition))
+
+
+def counts_from(data: dict[str, Any]) -> Counts:
+    """Counts from their ``as_dict``."""
+    return Counts(data["table"], upstream=data["upstream"], done=data["done"], todo=data["todo"],
+                  failed=dict(data["failed"]))
 
 
 def partition_stages(cfg: Config) -> list[Stage]:
@@ -154,22 +148,59 @@ def network_down(corpus: Corpus) -> dict[str, Any] | None:
     return {"run": figures["started"], "left": figures["left"], "message": figures["stopped"]}
 
 
-def corpus_status(corpus: Corpus, cfg: Config, by_partition: bool = False) -> dict[str, Any]:
-    """Every per-partition stage's figures over the corpus (and per partition when asked),
-    read one partition at a time; the JSON shape is in this module's docstring."""
+def status_section(ctx: StageContext) -> partsummary.Section:
+    """Status's section of a partition's summary: every per-partition stage's counts."""
+    stages = partition_stages(ctx.config)
+    return lambda corpus, partition: {stage.name: partition_counts(stage, ctx, partition).as_dict()
+                                      for stage in stages}
+
+
+def status_key(corpus: Corpus, cfg: Config) -> str:
+    """What status's section depends on besides the partition's files: the settings that decide
+    the stages and what they must do again (not those of how a build runs, what it discovers or
+    how it downloads, so that a config tuned between builds keeps the summaries), and the score
+    model's weights (a new model's clips are scored again)."""
+    from pipeline.scoring import checkpoint_id
+
+    settings = cfg.model_dump(mode="json", exclude=_NOT_IN_STATUS)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{digest}:{checkpoint_id(corpus, cfg) if cfg.score_model else ''}"
+
+
+def partition_status(corpus: Corpus, cfg: Config, rescan: bool = True) -> dict[str, dict[str, Counts]]:
+    """``{partition: {stage: Counts}}`` from the partitions' summaries, the partitions whose
+    summary is missing or stale rescanned (without ``rescan``: left out)."""
     from pipeline.stages import context
 
-    ctx = context(corpus, cfg)
-    stages = partition_stages(cfg)
-    totals = {stage.name: Counts(stage.output) for stage in stages}
+    found = partsummary.gather(corpus, {SECTION: status_section(context(corpus, cfg))},
+                               labels=corpus.labels(), keys={SECTION: status_key(corpus, cfg)},
+                               rescan=rescan)
+    return {label: {name: counts_from(c) for name, c in sections[SECTION].items()}
+            for label, sections in found.items()}
+
+
+def idle_partitions(corpus: Corpus, cfg: Config, stages: list[str],
+                    retry_failed: bool = False) -> dict[str, dict[str, Counts]]:
+    """The partitions whose summary is fresh and says that none of ``stages`` (part names:
+    ``featurize:resnet34``) has anything to do, with their counts: a build runs no task for
+    them. Decided from the summaries alone; a partition without a fresh one has work."""
+    found = partition_status(corpus, cfg, rescan=False)
+    return {label: counts for label, counts in found.items()
+            if all(name in counts and not counts[name].todo and not (retry_failed and counts[name].final)
+                   for name in stages)}
+
+
+def corpus_status(corpus: Corpus, cfg: Config, by_partition: bool = False) -> dict[str, Any]:
+    """Every per-partition stage's figures over the corpus (and per partition when asked),
+    from the partitions' summaries; the JSON shape is in this module's docstring."""
+    totals = {stage.name: Counts(stage.output) for stage in partition_stages(cfg)}
     per_partition: dict[str, dict[str, Any]] = {}
     labels = corpus.labels()
-    for label in labels:
-        for stage in stages:
-            counts = partition_counts(stage, ctx, label)
-            totals[stage.name].add(counts)
+    for label, stages in sorted(partition_status(corpus, cfg).items()):
+        for name, counts in stages.items():
+            totals[name].add(counts)
             if by_partition:
-                per_partition.setdefault(label, {})[stage.name] = counts.as_dict()
+                per_partition.setdefault(label, {})[name] = counts.as_dict()
     status: dict[str, Any] = {
         "root": corpus.url, "partitions": len(labels),
         "stages": {name: counts.as_dict() for name, counts in totals.items()},

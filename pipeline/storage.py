@@ -34,9 +34,9 @@ from pipeline import graph, partitions
 from pipeline.tablefile import (
     MANIFEST_KEY,
     REPLACES_KEY,
-    STATS_KEY,
     batch_table,
     footer,
+    footer_figures,
     merge,
     read_keys,
     rows_to_table,
@@ -394,12 +394,22 @@ class Corpus:
 
     def stats(self, table: str, partition: str | None = None) -> dict[str, int]:
         """Per-item counters of ``table`` (or one partition), summed (e.g. drop reasons)."""
-        totals: dict[str, int] = {}
-        for path in self.table_files(table, partition):
-            for counters in (footer(self.fs, path, STATS_KEY) or {}).values():
-                for name, n in counters.items():
-                    totals[name] = totals.get(name, 0) + n
-        return dict(sorted(totals.items()))
+        return self._figures(self.table_files(table, partition))["stats"]
+
+    def figures(self, table: str, partition: str) -> dict[str, Any] | None:
+        """One partition of ``table``: ``{"rows": n, "stats": {counter: n}}``, from one read of
+        each live file's footer; None when the partition holds no file of the table."""
+        files = self.table_files(table, partition)
+        return self._figures(files) if files else None
+
+    def _figures(self, paths: list[str]) -> dict[str, Any]:
+        rows, totals = 0, {}
+        for path in paths:
+            n, counters = footer_figures(self.fs, path)
+            rows += n
+            for name, count in counters.items():
+                totals[name] = totals.get(name, 0) + count
+        return {"rows": rows, "stats": dict(sorted(totals.items()))}
 
     def done_keys(self, table: str, partition: str) -> pa.Array:
         """Every item key completed into one partition of ``table``, as a string array."""

@@ -7,27 +7,56 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pipeline import partsummary
 from pipeline.progress import stdout_console
 from pipeline.storage import Corpus
 
+SECTION = "tables"
 
-def summarize(corpus: Corpus) -> dict[str, Any]:
-    """``{"tables": {name: rows}, "errors": {stage: {kind: n}}}``, read without loading data."""
-    tables = {name: corpus.dataset(name).count_rows() for name in corpus.tables()}
+
+def partition_figures(corpus: Corpus, partition: str) -> dict[str, Any]:
+    """One partition's rows and counters per table (read from footers) and its errors' items by
+    stage and kind: the summary's section of the partition's summary."""
+    found = {table: corpus.figures(table, partition) for table in corpus.tables()}
+    tables = {table: figures for table, figures in found.items() if figures is not None}
     errors: dict[str, dict[str, int]] = {}
-    # Items, not rows: a transient failure retried over several runs is one item. An item's
-    # errors are all in its partition, so per-partition counts add up.
-    for partition in corpus.partitions_of("errors") if "errors" in tables else []:
+    if "errors" in tables:
+        # Items, not rows: a transient failure retried over several runs is one item. An
+        # item's errors are all in its partition, so per-partition counts add up.
         data = corpus.read("errors", columns=["stage", "kind", "item_id"], partition=partition)
         counts = data.group_by(["stage", "kind"]).aggregate([("item_id", "count_distinct")])
         for row in counts.to_pylist():
-            kinds = errors.setdefault(row["stage"], {})
-            kinds[row["kind"]] = kinds.get(row["kind"], 0) + row["item_id_count_distinct"]
+            errors.setdefault(row["stage"], {})[row["kind"]] = row["item_id_count_distinct"]
+    return {"tables": tables, "errors": errors}
+
+
+def summarize(corpus: Corpus, write: bool = False) -> dict[str, Any]:
+    """``{"tables": {name: rows}, "errors": {stage: {kind: n}}, "counters": {table: {name: n}}}``
+    from the partitions' summaries (rescanning those missing or stale; with ``write``, storing
+    them), read without loading data."""
+    present = corpus.tables()
+    tables = dict.fromkeys(present, 0)
+    errors: dict[str, dict[str, int]] = {}
+    counters: dict[str, dict[str, int]] = {}
+    found = partsummary.gather(corpus, {SECTION: partition_figures}, write=write)
+    for sections in found.values():
+        figures = sections[SECTION]
+        for table, figure in figures["tables"].items():
+            if table not in tables:  # written since the tables were listed: the next has it
+                continue
+            tables[table] += figure["rows"]
+            if table != "errors":
+                _add(counters.setdefault(table, {}), figure["stats"])
+        for stage, kinds in figures["errors"].items():
+            _add(errors.setdefault(stage, {}), kinds)
     errors = {stage: dict(sorted(kinds.items())) for stage, kinds in sorted(errors.items())}
-    # Per-item counters kept with the batches, e.g. align's drop reasons.
-    counters = {name: corpus.stats(name) for name in tables if name != "errors"}
     return {"root": corpus.url, "tables": tables, "errors": errors,
-            "counters": {name: c for name, c in counters.items() if c}}
+            "counters": {name: dict(sorted(c.items())) for name, c in counters.items() if c}}
+
+
+def _add(totals: dict[str, int], more: dict[str, int]) -> None:
+    for name, n in more.items():
+        totals[name] = totals.get(name, 0) + n
 
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:

@@ -91,6 +91,17 @@ def footer(fs: fsspec.AbstractFileSystem, path: str, key: bytes) -> Any:
     return None if raw is None else json.loads(raw)
 
 
+def footer_figures(fs: fsspec.AbstractFileSystem, path: str) -> tuple[int, dict[str, int]]:
+    """A file's row count and its per-item counters summed, from one read of its footer."""
+    with fs.open(path, "rb") as handle:
+        metadata = pq.read_metadata(handle)
+    totals: dict[str, int] = {}
+    for counters in json.loads((metadata.metadata or {}).get(STATS_KEY, b"{}")).values():
+        for name, n in counters.items():
+            totals[name] = totals.get(name, 0) + n
+    return metadata.num_rows, totals
+
+
 def read_keys(fs: fsspec.AbstractFileSystem, path: str, key: str) -> tuple[pa.ChunkedArray, list[str]]:
     """A file's key column, and the keys its manifest completes without rows."""
     with fs.open(path, "rb") as handle:

@@ -24,7 +24,7 @@ __all__ = ["compute_stats", "message_class", "message_classes", "render_html", "
 def write_report(ctx: StageContext) -> dict[str, Any]:
     """The report stage: stats.json and report.html under ``report/``."""
     corpus = ctx.corpus
-    stats = compute_stats(corpus)
+    stats = compute_stats(corpus, write=True)
     corpus.write_text("report/stats.json", json.dumps(stats, indent=1, sort_keys=True) + "\n")
     corpus.write_text("report/report.html", render_html(stats, thumbnails(corpus)))
     return {"stats": corpus.path("report/stats.json"), "html": corpus.path("report/report.html"),

@@ -8,12 +8,14 @@ import json
 import re
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline import partsummary
 from pipeline.graph import family_lineage
 from pipeline.report.runs import build_timing, shard_listing, training_runs
 from pipeline.score_summary import score_summary
@@ -28,6 +30,7 @@ CLASSES = 5  # message classes shown per (stage, kind)
 _CLASSES_KEPT = 1000  # per group while counting: the rarest are dropped past twice this
 SCORE_BINS = 20  # histogram bins of a score table's similarity and P(aligned)
 SCORE_EXAMPLES = 5  # best- and worst-scored clips shown per score table
+SECTION = "report"
 
 
 def message_classes(messages: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
@@ -61,6 +64,22 @@ class Distribution:
         self.fine += np.bincount(index, minlength=len(self.fine))
         self.coarse += np.histogram(values, bins=self.bins)[0]
 
+    def state(self) -> dict[str, Any]:
+        """What was added, as JSON (the fine grid sparse), for a partition's summary."""
+        nonzero = np.flatnonzero(self.fine)
+        return {"fine": [[int(i), int(self.fine[i])] for i in nonzero], "coarse": self.coarse.tolist(),
+                "low": None if not len(nonzero) else float(self.low),
+                "high": None if not len(nonzero) else float(self.high)}
+
+    def merge(self, state: dict[str, Any]) -> None:
+        """Add another distribution's ``state`` (of the same grid)."""
+        if state["low"] is None:
+            return
+        self.low, self.high = min(self.low, state["low"]), max(self.high, state["high"])
+        for index, n in state["fine"]:
+            self.fine[index] += n
+        self.coarse += np.asarray(state["coarse"], dtype=np.int64)
+
     def summary(self) -> dict[str, Any]:
         total = int(self.fine.sum())
         out: dict[str, Any] = {}
@@ -93,28 +112,14 @@ def error_groups(corpus: Corpus, by_kind: dict[str, dict[str, int]]) -> list[dic
     groups = {(stage, kind): {"stage": stage, "kind": kind, "items": n, "classes": Counter(),
                               "by_class": [], "extra": []}
               for stage, kinds in by_kind.items() for kind, n in kinds.items()}
-    for partition in corpus.partitions_of("errors") if groups else []:
-        errors = _read(corpus, "errors", ["stage", "kind", "item_id", "message"], partition)
-        if not errors.num_rows:
-            continue
-        errors = errors.append_column("class", message_classes(errors.column("message")))
-        # Items per class (an item's errors are all in its partition, so partitions add up),
-        # and the first row of each class as its candidate example.
-        per_class = errors.group_by(["stage", "kind", "class"], use_threads=False).aggregate(
-            [("item_id", "count_distinct"), ("item_id", "first"), ("message", "first")])
-        for row in per_class.to_pylist():
-            group = groups.get((row["stage"], row["kind"]))
-            if group is None:  # written since summarize counted: the next report has it
-                continue
-            if row["class"] not in group["classes"] and len(group["by_class"]) < EXAMPLES:
-                group["by_class"].append({"item_id": row["item_id_first"],
-                                          "message": row["message_first"], "class": row["class"]})
-            group["classes"][row["class"]] += row["item_id_count_distinct"]
-        for group in groups.values():
-            if len(group["extra"]) < EXAMPLES:  # more items, for groups of fewer classes
-                _add_extra(group, errors)
-            if len(group["classes"]) > 2 * _CLASSES_KEPT:  # bounded on wildly varied messages
-                group["classes"] = Counter(dict(group["classes"].most_common(_CLASSES_KEPT)))
+    labels = corpus.partitions_of("errors") if groups else []
+    columns = ["stage", "kind", "item_id", "message"]
+    # Read concurrently, a few partitions at a time (so that few are held at once), in order.
+    with ThreadPoolExecutor(partsummary.WORKERS) as pool:
+        for first in range(0, len(labels), partsummary.WORKERS):
+            chunk = labels[first:first + partsummary.WORKERS]
+            for errors in pool.map(lambda partition: _read(corpus, "errors", columns, partition), chunk):
+                _add_partition(groups, errors)
     out = []
     for group in groups.values():
         rank = {name: i for i, (name, _) in enumerate(group["classes"].most_common())}
@@ -129,6 +134,30 @@ def error_groups(corpus: Corpus, by_kind: dict[str, dict[str, int]]) -> list[dic
     return out
 
 
+def _add_partition(groups: dict[tuple[str, str], dict[str, Any]], errors: pa.Table) -> None:
+    """Count one partition's errors into their groups."""
+    if not errors.num_rows:
+        return
+    errors = errors.append_column("class", message_classes(errors.column("message")))
+    # Items per class (an item's errors are all in its partition, so partitions add up),
+    # and the first row of each class as its candidate example.
+    per_class = errors.group_by(["stage", "kind", "class"], use_threads=False).aggregate(
+        [("item_id", "count_distinct"), ("item_id", "first"), ("message", "first")])
+    for row in per_class.to_pylist():
+        group = groups.get((row["stage"], row["kind"]))
+        if group is None:  # written since summarize counted: the next report has it
+            continue
+        if row["class"] not in group["classes"] and len(group["by_class"]) < EXAMPLES:
+            group["by_class"].append({"item_id": row["item_id_first"],
+                                      "message": row["message_first"], "class": row["class"]})
+        group["classes"][row["class"]] += row["item_id_count_distinct"]
+    for group in groups.values():
+        if len(group["extra"]) < EXAMPLES:  # more items, for groups of fewer classes
+            _add_extra(group, errors)
+        if len(group["classes"]) > 2 * _CLASSES_KEPT:  # bounded on wildly varied messages
+            group["classes"] = Counter(dict(group["classes"].most_common(_CLASSES_KEPT)))
+
+
 def _add_extra(group: dict[str, Any], errors: pa.Table) -> None:
     mask = pc.and_(pc.equal(errors.column("stage"), group["stage"]),
                    pc.equal(errors.column("kind"), group["kind"]))
@@ -139,42 +168,57 @@ def _add_extra(group: dict[str, Any], errors: pa.Table) -> None:
             group["extra"].append(row)
 
 
-def compute_stats(corpus: Corpus) -> dict[str, Any]:
-    """The report's numbers, read partition by partition with Arrow (never a whole table),
-    with the newest build's timing, the shard listings, the training runs and the score
-    tables' distributions and examples."""
-    summary = summarize(corpus)
+def _durations() -> Distribution:
+    return Distribution([0, 1, 2, 3, 4, 5, 6, 8, 12], step=0.01, top=600)
+
+
+def _words() -> Distribution:
+    return Distribution([0, 3, 5, 8, 12, 16, 24, 32, 64], step=1, top=10_000)
+
+
+def partition_stats(corpus: Corpus, partition: str) -> dict[str, Any]:
+    """One partition's share of the report's numbers (counts, media seconds, distributions,
+    yield per source), as JSON: the report's section of the partition's summary."""
+    videos = _read(corpus, "videos", ["video_id", "source", "query"], partition)
+    downloads = _read(corpus, "downloads", ["video_id", "duration_s", "subtitles"], partition)
+    segments = _read(corpus, "segments", ["video_id", "words"], partition)
+    clips = _read(corpus, "clips", ["video_id", "start_s", "end_s"], partition)
+    durations, words = _durations(), _words()
+    lengths = pc.fill_null(pc.list_value_length(segments.column("words")), 0)
+    words.add(lengths.to_numpy(zero_copy_only=False).astype(np.float64))
+    durations.add(pc.subtract(clips.column("end_s"), clips.column("start_s")).to_numpy(zero_copy_only=False))
+    per_query: dict[str, dict[str, int]] = {}
+    _per_query(per_query, videos, downloads, clips)
+    counts = {"videos": videos.num_rows, "downloads": downloads.num_rows,
+              "sentences": segments.num_rows,
+              "segment_videos": len(corpus.done_keys("segments", partition)),
+              "aligned_videos": len(pc.unique(segments.column("video_id"))), "clips": clips.num_rows}
+    return {"counts": counts, "media_s": pc.sum(downloads.column("duration_s")).as_py() or 0.0,
+            "durations": durations.state(), "words": words.state(), "per_source": per_query}
+
+
+def compute_stats(corpus: Corpus, write: bool = False) -> dict[str, Any]:
+    """The report's numbers, from the partitions' summaries (those missing or stale rescanned
+    partition by partition with Arrow, never a whole table; with ``write``, stored), with the
+    newest build's timing, the shard listings, the training runs and the score tables'
+    distributions and examples."""
+    summary = summarize(corpus, write=write)
     tables = summary["tables"]
-    present = set(tables)
     counts = Counter()
     per_query: dict[str, dict[str, int]] = {}
-    durations = Distribution([0, 1, 2, 3, 4, 5, 6, 8, 12], step=0.01, top=600)
-    words = Distribution([0, 3, 5, 8, 12, 16, 24, 32, 64], step=1, top=10_000)
+    durations, words = _durations(), _words()
     media_s = 0.0
-    for partition in corpus.labels():
-        videos = _read(corpus, "videos", ["video_id", "source", "query"], partition) \
-            if "videos" in present else pa.table({"video_id": pa.array([], pa.string())})
-        downloads = _read(corpus, "downloads", ["video_id", "duration_s", "subtitles"], partition) \
-            if "downloads" in present else None
-        segments = _read(corpus, "segments", ["video_id", "words"], partition) \
-            if "segments" in present else None
-        clips = _read(corpus, "clips", ["video_id", "start_s", "end_s"], partition) \
-            if "clips" in present else None
-        counts["videos"] += videos.num_rows
-        if downloads is not None:
-            counts["downloads"] += downloads.num_rows
-            media_s += pc.sum(downloads.column("duration_s")).as_py() or 0.0
-        if segments is not None:
-            counts["sentences"] += segments.num_rows
-            counts["segment_videos"] += len(corpus.done_keys("segments", partition))
-            counts["aligned_videos"] += len(pc.unique(segments.column("video_id")))
-            lengths = pc.fill_null(pc.list_value_length(segments.column("words")), 0)
-            words.add(lengths.to_numpy(zero_copy_only=False).astype(np.float64))
-        if clips is not None:
-            counts["clips"] += clips.num_rows
-            durations.add(pc.subtract(clips.column("end_s"), clips.column("start_s"))
-                          .to_numpy(zero_copy_only=False))
-        _per_query(per_query, videos, downloads, clips)
+    found = partsummary.gather(corpus, {SECTION: partition_stats}, labels=corpus.labels(), write=write)
+    for sections in found.values():
+        part = sections[SECTION]
+        counts.update(part["counts"])
+        media_s += part["media_s"]
+        durations.merge(part["durations"])
+        words.merge(part["words"])
+        for label, row in part["per_source"].items():
+            mine = per_query.setdefault(label, dict.fromkeys(row, 0))
+            for name, n in row.items():
+                mine[name] += n
     groups = error_groups(corpus, summary["errors"])
     stages = {
         "discover": {"out": counts["videos"]},
@@ -195,7 +239,7 @@ def compute_stats(corpus: Corpus) -> dict[str, Any]:
         "stages": stages,
         "errors": {"by_kind": summary["errors"], "groups": groups,
                    "by_message": dict(by_message.most_common(30))},
-        "drop_reasons": corpus.stats("clips") if "clips" in present else {},
+        "drop_reasons": summary["counters"].get("clips", {}),
         "media_hours": round(media_s / 3600, 4),
         "clip_duration_s": durations.summary(),
         "words_per_sentence": words.summary(),
@@ -208,15 +252,14 @@ def compute_stats(corpus: Corpus) -> dict[str, Any]:
     }
 
 
-def _per_query(out: dict[str, dict[str, int]], videos: pa.Table, downloads: pa.Table | None,
-               clips: pa.Table | None) -> None:
+def _per_query(out: dict[str, dict[str, int]], videos: pa.Table, downloads: pa.Table,
+               clips: pa.Table) -> None:
     """Add one partition's yield per source and query: videos, downloaded, with subtitles, clips."""
     if not videos.num_rows:
         return
-    got = set() if downloads is None else set(downloads.column("video_id").to_pylist())
-    subtitled = set() if downloads is None else {
-        d["video_id"] for d in downloads.select(["video_id", "subtitles"]).to_pylist() if d["subtitles"]}
-    per_video = Counter() if clips is None else Counter(clips.column("video_id").to_pylist())
+    got = set(downloads.column("video_id").to_pylist())
+    subtitled = {d["video_id"] for d in downloads.select(["video_id", "subtitles"]).to_pylist() if d["subtitles"]}
+    per_video = Counter(clips.column("video_id").to_pylist())
     for video in videos.to_pylist():
         label = f"{video['source']}: {video['query'] or '(list)'}"
         row = out.setdefault(label, {"videos": 0, "downloaded": 0, "with_subtitles": 0, "clips": 0})

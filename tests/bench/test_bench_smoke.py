@@ -33,6 +33,7 @@ QUICK = {
     "score_noisy": (["--quick", "--seeds", "1", "--epochs", "1", "--rates", "0.3", "--noise", "swap"],
                     "clean pairs only"),
     "shards": (["--clips", "100"], "parquet:    ours"),
+    "summaries": (["--partitions", "2", "--skip-cold"], '"warm"'),
     "train_memory": (["--clips", "600", "--partitions", "2", "--batch-size", "32", "--held-out", "20"],
                      '"peak_rss_mb"'),
 }

@@ -66,8 +66,8 @@ def _runs(client, names: dict, **query) -> list:
     return runs
 
 
-def test_each_stage_is_a_flow_and_a_build_is_a_chain_per_partition(prefect_harness, kit_stages,
-                                                                     memory_root):
+def test_each_stage_is_a_flow_and_a_build_is_a_chain_per_partition_with_work(prefect_harness, kit_stages,
+                                                                               memory_root):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.sorting import TaskRunSort
 
@@ -81,10 +81,18 @@ def test_each_stage_is_a_flow_and_a_build_is_a_chain_per_partition(prefect_harne
     assert set(alone["stages"]) == {"download"} and alone["stages"]["download"]["ok"] == 8
     assert alone["stages"]["download"]["partitions"] == 4
     assert "segments" not in alone["tables"]
-    whole = run_build(_config(memory_root), until="transcribe")
-    assert whole["stages"]["download"]["items"] == 0 and whole["stages"]["transcribe"]["ok"] == 8
     staged = run_build(_config(memory_root, pipelined=False), until="transcribe")
-    assert staged["stages"]["transcribe"]["items"] == 0
+    # Downloads are done everywhere: the partitions' summaries say so, and no task runs.
+    assert staged["stages"]["download"]["items"] == 0 and staged["stages"]["download"]["skipped_done"] == 8
+    assert staged["stages"]["transcribe"]["ok"] == 8
+    new = "demo-new1"
+    corpus.write_partitioned("videos", [{"video_id": new, "url": "http://127.0.0.1/n", "extractor": "demo",
+                                         "source": "urls", "discovered_at": started}], "new", done=[new])
+    whole = run_build(_config(memory_root), until="transcribe")
+    assert whole["stages"]["download"]["ok"] == 1 and whole["stages"]["transcribe"]["ok"] == 1
+    assert whole["stages"]["download"]["total"] == 9 and whole["stages"]["download"]["partitions"] == 1
+    idle = run_build(_config(memory_root), until="transcribe")
+    assert idle["stages"]["transcribe"]["items"] == 0 and idle["stages"]["transcribe"]["skipped_done"] == 9
     names: dict = {}
     with get_client(sync_client=True) as client:
         runs = [r for r in _runs(client, names) if r.start_time and r.start_time >= started]
@@ -92,17 +100,19 @@ def test_each_stage_is_a_flow_and_a_build_is_a_chain_per_partition(prefect_harne
                  if t.start_time and t.start_time >= started]
     builds = [r for r in runs if names[r.flow_id] == "build_corpus"]
     children = {(r.parent_task_run_id is not None, names[r.flow_id]) for r in runs}
-    # The pipelined build ran one task per stage and partition (no flow per stage); the staged
-    # one a subflow per partition stage; --stage download its stage flow alone.
-    assert len(builds) == 2 and (False, "download") in children
+    # The pipelined builds ran one task per stage and partition with work (no flow per stage);
+    # the staged one a subflow per partition stage; --stage download its stage flow alone.
+    assert len(builds) == 3 and (False, "download") in children
     assert (True, "transcribe") in children and (True, "discover") not in children
     by_name = {}
     for run in tasks:
         by_name.setdefault(run.name, []).append(run)
     for label in corpus.labels():
+        more = label == corpus.partition_of(new)
         downloads, transcribes = by_name[f"download p{label}"], by_name[f"transcribe p{label}"]
-        assert len(downloads) == 3 and len(transcribes) == 2  # alone, pipelined, staged
-        assert downloads[1].end_time <= transcribes[0].start_time
+        assert len(downloads) == 1 + more and len(transcribes) == 1 + more  # alone/staged, new video
+    chain = corpus.partition_of(new)
+    assert by_name[f"download p{chain}"][1].end_time <= by_name[f"transcribe p{chain}"][1].start_time
 
 
 def test_a_build_run_publishes_its_progress_and_summary_as_artifacts(prefect_harness, kit_stages,
