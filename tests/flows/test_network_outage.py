@@ -57,13 +57,16 @@ def test_an_outage_in_the_middle_of_a_build_loses_nothing(tmp_path, prefect_serv
         print_status(corpus_status(corpus, cfg), printed)
         second = run_build(cfg, root=root, until="download")
     report = first["stages"]["download"]
-    assert network_down(report["stopped"]) and report["left"] > 0 and report["errors"] == {}
+    # A video whose retries ran out before the watch saw the outage keeps a transient row (the
+    # next run's work); nothing is judged final.
+    assert network_down(report["stopped"]) and report["left"] > 0
+    assert set(report["errors"]) <= {"transient"}, report["errors"]
     assert not first["health"]["healthy"]
     assert "the network was down: download stopped" in first["health"]["message"]
     assert left is not None and left["left"] == report["left"]
     assert f"the network was down: the download run of {left['run']} stopped with {left['left']} videos left" \
         in printed.file.getvalue()
-    # Nothing was judged: the rerun downloads every video, and no errors row was ever written.
+    # Nothing was judged: the rerun downloads every video, and no final errors row was written.
     assert second["health"]["healthy"] and second["stages"]["download"]["stopped"] is None
     assert set(corpus.done("downloads")) == set(corpus.done("videos")) and len(corpus.done("videos")) == 12
-    assert corpus.read("errors").num_rows == 0
+    assert set(corpus.read("errors").column("kind").to_pylist()) <= {"transient"}

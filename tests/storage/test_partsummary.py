@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -114,8 +115,10 @@ def test_an_s3_roots_summaries_match_its_listing(tmp_path):
     try:
         endpoint = "http://{}:{}".format(*server.get_host_and_port())
         options = {"endpoint_url": endpoint, "key": "test", "secret": "test"}
-        s3fs.S3FileSystem(**options).mkdir("corpora")
-        corpus = _summarized(Corpus("s3://corpora/c", storage_options=options))
+        # moto's buckets live in the process, across its servers: a bucket of this test's own
+        bucket = f"corpora-{uuid.uuid4().hex[:8]}"
+        s3fs.S3FileSystem(**options).mkdir(bucket)
+        corpus = _summarized(Corpus(f"s3://{bucket}/c", storage_options=options))
         with partsummary.ThreadPoolExecutor(4) as pool:
             every = partsummary.fingerprints(corpus, pool)
         assert every == {label: partsummary.fingerprint(corpus, label) for label in every}
