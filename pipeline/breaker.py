@@ -73,12 +73,18 @@ def refused(state: State | None, video: str, strong: bool, admitted: float, now:
     events.append([now, tag])
     blocked = s["since"] is not None
     if (strong and blocked) or len(events) >= policy.threshold:
-        trips = s["trips"] + 1
-        until = now + policy.cooldown(trips)
-        return s | {"events": [], "trips": trips, "since": s["since"] if blocked else now,
-                    "tripped_at": now, "open_until": until,
-                    "pauses": (s["pauses"] + [[now, until]])[-PAUSES_KEPT:]}
+        return tripped(s, now, policy, ongoing=blocked)
     return s | {"events": events}
+
+
+def tripped(s: State, now: float, policy: Policy, ongoing: bool) -> State:
+    """``s`` tripped at ``now``: every download paused for the next trip's cool-down, the pause
+    recorded; ``ongoing``: the trouble began earlier and keeps its start."""
+    trips = s["trips"] + 1
+    until = now + policy.cooldown(trips)
+    return s | {"events": [], "trips": trips, "since": s["since"] if ongoing else now,
+                "tripped_at": now, "open_until": until,
+                "pauses": (s["pauses"] + [[now, until]])[-PAUSES_KEPT:]}
 
 
 def succeeded(state: State | None, admitted: float, now: float) -> State:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from pipeline.breaker import OK_EVERY_S, PAUSES_KEPT, POLL_S, Policy, duration, paused, video_tag
+from pipeline.breaker import OK_EVERY_S, POLL_S, Policy, duration, paused, tripped, video_tag
 from pipeline.errors import NetworkError, StageError, StageStopped
 from pipeline.limits import State, Store
 from pipeline.progress import log
@@ -55,11 +55,7 @@ def failed(state: State | None, video: str, host: str, admitted: float, now: flo
     down = s["since"] is not None
     one_host = len({e[2] for e in events}) == 1 and s["ok_host"] not in (None, host)
     if down or (len(events) >= policy.threshold and not one_host):
-        trips = s["trips"] + 1
-        until = now + policy.cooldown(trips)
-        return s | {"events": [], "trips": trips, "since": s["since"] if down else now,
-                    "tripped_at": now, "open_until": until,
-                    "pauses": (s["pauses"] + [[now, until]])[-PAUSES_KEPT:]}
+        return tripped(s, now, policy, ongoing=down)
     return s | {"events": events}
 
 

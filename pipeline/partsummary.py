@@ -16,6 +16,7 @@ Reads and rescans that touch many objects run concurrently (``WORKERS`` threads)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import posixpath
@@ -118,10 +119,8 @@ def fingerprint(corpus: Corpus, partition: str) -> str:
         folders += [posixpath.join(t, partition_dir(partition)) for t in corpus.family_tables(family)]
     entries = [e for folder in folders for e in _find(corpus, folder)]
     index = corpus.path(INDEX_DIR, f"{_INDEX_PREFIX}{partition}.parquet")
-    try:
+    with contextlib.suppress(FileNotFoundError):  # a partition with no shards has no index file
         entries.append(corpus.fs.info(index))
-    except FileNotFoundError:
-        pass
     return _digest(_group(corpus, entries, only=partition).get(partition, []))
 
 

@@ -40,6 +40,20 @@ def require_binaries(*names: str) -> None:
 
 
 @contextmanager
+def moto_s3() -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 for one test (skipped without s3fs or moto); its endpoint.
+    moto keeps buckets per process, across servers: name a bucket of the test's own."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        yield "http://{}:{}".format(*server.get_host_and_port())
+    finally:
+        server.stop()
+
+
+@contextmanager
 def dask_cluster(tmp_path: Path, workers: list[tuple[str, list[str]]]) -> Iterator[tuple[str, dict]]:
     """A real Dask cluster on 127.0.0.1: `dask scheduler` and one `dask worker` process group
     (nanny and worker, 1 thread) per (name, extra args); yields (address, {name: Popen})."""

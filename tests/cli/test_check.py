@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from conftest import moto_s3
 
 import stagekit
 from checkkit import LISTS, TSM_FILE, listing, provide, put_models, starter, vlcorpus
@@ -158,14 +159,9 @@ def test_a_config_error_is_the_builds(tmp_path):
 
 
 def test_an_s3_root_is_listed_not_written(tmp_path):
-    pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    import s3fs
+    with moto_s3() as endpoint:
+        import s3fs
 
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        endpoint = "http://{}:{}".format(*server.get_host_and_port())
         env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test",
                "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
         fs = s3fs.S3FileSystem(endpoint_url=endpoint, key="test", secret="test")
@@ -179,5 +175,3 @@ def test_an_s3_root_is_listed_not_written(tmp_path):
         result = vlcorpus("check", str(config), "--root", "s3://no-such-bucket/c", env=env)
         assert result.returncode == 2
         assert result.stderr.strip().startswith("corpus root s3://no-such-bucket/c is not reachable: ")
-    finally:
-        server.stop()

@@ -14,7 +14,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pytest
+from conftest import moto_s3
 
 import stagekit
 from pipeline import partsummary
@@ -106,16 +106,10 @@ def test_a_kill_between_a_batch_and_its_partitions_summary_leaves_no_wrong_figur
 
 
 def test_an_s3_roots_summaries_match_its_listing(tmp_path):
-    pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    import s3fs
+    with moto_s3() as endpoint:
+        import s3fs
 
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        endpoint = "http://{}:{}".format(*server.get_host_and_port())
         options = {"endpoint_url": endpoint, "key": "test", "secret": "test"}
-        # moto's buckets live in the process, across its servers: a bucket of this test's own
         bucket = f"corpora-{uuid.uuid4().hex[:8]}"
         s3fs.S3FileSystem(**options).mkdir(bucket)
         corpus = _summarized(Corpus(f"s3://{bucket}/c", storage_options=options))
@@ -124,6 +118,4 @@ def test_an_s3_roots_summaries_match_its_listing(tmp_path):
         assert every == {label: partsummary.fingerprint(corpus, label) for label in every}
         assert sorted(idle_partitions(corpus, CFG, ["download"])) == corpus.labels()
         assert corpus_status(corpus, CFG, by_partition=True) == _from_tables(corpus)[0]
-    finally:
-        server.stop()
 
