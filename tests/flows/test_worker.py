@@ -284,6 +284,15 @@ def _logs(run_id: UUID) -> list[str]:
                 return messages
 
 
+def _logs_with(run_id: UUID, wanted, timeout: float = 60) -> list[str]:
+    """The run's logs once one of them satisfies `wanted`: the flow's process ships its logs in
+    batches, so the last ones may reach the server after the run's final state."""
+    deadline = time.monotonic() + timeout
+    while not any(wanted(m) for m in (messages := _logs(run_id))) and time.monotonic() < deadline:
+        time.sleep(1)
+    return messages
+
+
 def _completed(run, stack: Stack) -> None:
     assert run.state.is_completed(), (f"{run.name}: {run.state.name} {run.state.message}\n"
                                       f"{stack.worker_log.read_text()[-4000:]}")
@@ -319,8 +328,8 @@ def test_rebuild_runs_on_the_worker_then_resumes_with_nothing_redone(stack, tmp_
         second = _wait_final(run_id, stack)
     _completed(second, stack)
     # Every partition's summary says it has nothing to do: the rebuild runs no task for them.
-    logs = _logs(second.id)
     idle = f"{len(corpus.labels())} partitions have nothing to do (from their summaries): no tasks for them"
+    logs = _logs_with(second.id, lambda m: m == idle)
     assert idle in logs, logs
     assert not [m for m in logs if m.endswith(" to do") and not m.endswith(" 0 to do")], logs
     assert _table_files(root) == built
@@ -397,7 +406,7 @@ def test_overlapping_builds_of_one_root_never_interleave(stack, tmp_path):
         assert not Corpus(str(root)).table_files("videos")
     waited = _wait_final(run_id, stack)
     _completed(waited, stack)
-    assert any("lock taken after waiting" in m for m in _logs(run_id))
+    assert any("lock taken after waiting" in m for m in _logs_with(run_id, lambda m: "lock taken after waiting" in m))
     assert Corpus(str(root)).done("videos")
 
     # Two runs of one deployment at once: the root lock keeps their builds apart too.
@@ -408,7 +417,8 @@ def test_overlapping_builds_of_one_root_never_interleave(stack, tmp_path):
         _completed(run, stack)
     first, second = sorted(runs, key=lambda run: run.start_time)
     if second.start_time < first.end_time:  # they overlapped: the later one waited for the lock
-        assert any("lock taken after waiting" in m for m in _logs(second.id)), _logs(second.id)
+        logs = _logs_with(second.id, lambda m: "lock taken after waiting" in m)
+        assert any("lock taken after waiting" in m for m in logs), logs
     assert stack.scheduler_errors() == []
 
 
@@ -586,7 +596,7 @@ def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run
         client.delete_deployment(crashed.deployment_id)
     _completed(done, stack)
     assert done.name == f"{crashed.name}-rerun" and done.parameters["rerun_of"] == crashed.name
-    messages = _logs(done.id)
+    messages = _logs_with(done.id, lambda m: "taking over the lock of flow run" in m and "its process is gone" in m)
     assert any("taking over the lock of flow run" in m and "its process is gone" in m for m in messages), messages
     print(f"crash: Crashed {crashed_s:.0f} s after the SIGKILL, alerted after {alerted_s:.0f} s, "
           f"its rerun completed after {done_s:.0f} s")
