@@ -288,8 +288,10 @@ def _logs_with(run_id: UUID, wanted, timeout: float = 60) -> list[str]:
     """The run's logs once one of them satisfies `wanted`: the flow's process ships its logs in
     batches, so the last ones may reach the server after the run's final state."""
     deadline = time.monotonic() + timeout
-    while not any(wanted(m) for m in (messages := _logs(run_id))) and time.monotonic() < deadline:
+    messages = _logs(run_id)
+    while not any(wanted(m) for m in messages) and time.monotonic() < deadline:
         time.sleep(1)
+        messages = _logs(run_id)
     return messages
 
 
