@@ -6,7 +6,10 @@ It makes a site of N short captioned videos (10 s, 320x240, served on 127.0.0.1)
 one deployment with `vlcorpus deploy`, and runs it with `prefect deployment run`: discover ->
 download -> transcribe -> align -> featurize (ResNet-34, untrained, and MiniLM) -> shard ->
 score -> train -> report, media not kept. Then the same deployment again, with nothing left to
-do, for the fixed cost of each partition's chain of tasks. Then --nights more runs of it, each
+do, for the fixed cost of each partition's chain of tasks, and `vlcorpus status`, `stats`,
+`report` and `validate` on the built root, each timed as a user runs it. Then --add more videos
+are put on the site's list and the deployment runs again; the same videos alone are built into
+a fresh root too, for what building them costs. Then --nights more runs of it, each
 a night later: every run and event is aged 16 days first, the server's clean-up deletes the runs
 past infra/README.md's retention (30 days), and the Prefect database's size and task runs are
 taken after each run (they stay flat once the oldest runs are gone).
@@ -215,12 +218,15 @@ def night_passes(stack: Stack, timeout_s: float = 600) -> None:
     psql(stack, "vacuum")
 
 
-def deployment_run(env: dict[str, str], root: str, log: Path) -> tuple[float, str, str]:
-    """`prefect deployment run` of the rehearsal, watched to its end: (seconds, state, run name)."""
+def deployment_run(env: dict[str, str], root: str, log: Path, *params: str) -> tuple[float, str, str]:
+    """`prefect deployment run` of the rehearsal (``params``: more ``name=value``), watched to its
+    end: (seconds, state, run name)."""
     from prefect.client.orchestration import get_client
 
     start = time.perf_counter()
-    done = subprocess.run([str(BIN / "prefect"), "deployment", "run", DEPLOYMENT, "-p", f"root={root}", "--watch",
+    more = [arg for param in params for arg in ("-p", param)]
+    done = subprocess.run([str(BIN / "prefect"), "deployment", "run", DEPLOYMENT, "-p", f"root={root}", *more,
+                           "--watch",
                            "--watch-interval", "5", "--watch-timeout", str(GIVE_UP_S)],
                           env={**os.environ, **env}, cwd=REPO, capture_output=True, text=True)
     with open(log, "a") as out:
@@ -242,6 +248,28 @@ def rerun_of(env: dict[str, str], crashed: str) -> tuple[float, str]:
             return time.perf_counter() - start, reruns[0].state.type.value
         time.sleep(5)
     raise SystemExit(f"the rerun of {crashed} did not end within {GIVE_UP_S} s")
+
+
+def timed_commands(env: dict[str, str], root: str) -> dict[str, float | bool]:
+    """Seconds of the corpus-wide commands on the built root, as a user types them, and whether
+    validate (the full check, shards' sha256 included) found the root valid."""
+    seconds: dict[str, float | bool] = {}
+    for name, args in (("status", ["status", root, "--json"]), ("stats", ["stats", root]),
+                       ("report", ["report", root]), ("validate", ["validate", root])):
+        start = time.perf_counter()
+        done = subprocess.run([str(BIN / "vlcorpus"), *args], env={**os.environ, **env}, capture_output=True)
+        seconds[f"{name}_s"] = round(time.perf_counter() - start, 1)
+        if name == "validate":
+            seconds["valid"] = done.returncode == 0
+    return seconds
+
+
+def listed(site: Path, videos: slice) -> Path:
+    """A list of some of the site's pages (the source of a build), beside urls.txt."""
+    urls = (site / "urls.txt").read_text().splitlines()[videos]
+    path = site / f"list-{videos.start or 0}-{videos.stop}.txt"
+    path.write_text("".join(f"{u}\n" for u in urls))
+    return path
 
 
 def fingerprint(root: str, env: dict[str, str]) -> dict[str, str]:
@@ -303,6 +331,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="length of each video")
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--dir", type=Path, default=None, help="work folder (default: a temporary one)")
+    parser.add_argument("--add", type=int, default=10,
+                        help="videos added after the idle rebuild: the rebuild that follows, against building "
+                             "them alone")
     parser.add_argument("--nights", type=int, default=3,
                         help="runs after the first two, each a night later: the Prefect database's size after each")
     args = parser.parse_args()
@@ -312,7 +343,7 @@ def main() -> None:
     from pipeline.demo import serve_demo
 
     made = time.perf_counter()
-    make_caption_site(work / "site", args.videos, args.seconds, size="320x240")
+    make_caption_site(work / "site", args.videos + args.add, args.seconds, size="320x240")
     site_s = time.perf_counter() - made
     # Nights pass in seconds here: the server's clean-up looks every 5 s instead of hourly.
     os.environ.setdefault("PREFECT_SERVER_SERVICES_DB_VACUUM_LOOP_SECONDS", "5")
@@ -324,8 +355,11 @@ def main() -> None:
     peaks = Peaks(stack)
     try:
         with serve_demo(work / "site"):
+            # The build's list: the first --videos pages, then all of them (the source reads it each run).
+            source = work / "site" / "list.txt"
+            source.write_text(listed(work / "site", slice(0, args.videos)).read_text())
             cfg_path = work / "rehearsal.yaml"
-            cfg_path.write_text(yaml.safe_dump(config(work / "site" / "urls.txt", args.partitions)))
+            cfg_path.write_text(yaml.safe_dump(config(source, args.partitions)))
             (work / "prefect.yaml").write_text(yaml.safe_dump(deployments(cfg_path)))
             if run([str(BIN / "vlcorpus"), "deploy", "--file", str(work / "prefect.yaml")], env, log).returncode:
                 raise SystemExit(f"vlcorpus deploy failed; see {log}")
@@ -357,8 +391,19 @@ def main() -> None:
             built = task_figures(env, first.id)
             status = json.loads(subprocess.run([str(BIN / "vlcorpus"), "status", root, "--json"],
                                                env={**os.environ, **env}, capture_output=True, text=True).stdout)
-            valid = subprocess.run([str(BIN / "vlcorpus"), "validate", root], env={**os.environ, **env},
-                                   capture_output=True, text=True)
+            commands = timed_commands(env, root)
+            added = {}
+            if args.add:
+                source.write_text(listed(work / "site", slice(0, args.videos + args.add)).read_text())
+                add_s, add_state, _ = deployment_run(env, root, log)
+                add_run = task_figures(env, flow_runs(env)[-1].id)
+                alone = work / "alone.yaml"
+                new = listed(work / "site", slice(args.videos, args.videos + args.add))
+                alone.write_text(yaml.safe_dump(config(new, status["partitions"])))
+                alone_s, alone_state, _ = deployment_run(env, stack.root(f"alone-{args.add}"), log, f"config={alone}")
+                added = {"videos": args.add, "rebuild_s": round(add_s, 1), "state": add_state,
+                         "task_runs": add_run["run_task_runs"], "alone_s": round(alone_s, 1),
+                         "alone_state": alone_state}
             if clean is not None:
                 faulty = fingerprint(root, env)
                 differ = sorted(k for k in set(clean) | set(faulty) if clean.get(k) != faulty.get(k))
@@ -384,7 +429,7 @@ def main() -> None:
             "idle_run_s": round(idle_s, 1), "idle_state": idle_state,
             "partition_chain_s": {"median": round(chains[len(chains) // 2], 2) if chains else None,
                                   "max": round(chains[-1], 2) if chains else None},
-            "valid": valid.returncode == 0, "faults": faults,
+            **commands, "added": added, "faults": faults,
             "site_s": round(site_s, 1), "stack_up_s": round(stack_s, 1),
         }
         if clean is not None:
