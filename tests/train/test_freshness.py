@@ -180,3 +180,18 @@ def test_pairs_are_counted_from_the_summaries(built, tmp_path):
     tables = input_tables(_config(tmp_path / "root").train)
     assert tables == ["clips", "features/resnet34", "features/text_synthetic"]
     assert count_pairs(corpus, tables) == len(PairSet.from_corpus(corpus, "resnet34", "text:synthetic")) == 100
+
+
+def test_on_an_object_store_root(memory_root):
+    """fsspec memory:// (S3 in the rehearsal): the record and the fingerprints are read from the
+    root, and starting over removes the old checkpoints there."""
+    corpus = Corpus(memory_root)
+    _videos(corpus, range(FIRST))
+    cfg = _config(memory_root)
+    assert "t2v" in train_step(context(corpus, cfg))
+    assert train_step(context(corpus, cfg))["skipped"].startswith("its inputs have not changed")
+    changed = _config(memory_root, epochs=1)
+    assert "t2v" in train_step(context(corpus, changed))
+    saved = corpus.fs.find(corpus.path("train", "wal", "checkpoints"))
+    assert [p.rsplit("/", 1)[1] for p in saved] == ["epoch_0000.pt"]
+    assert "skipped" in train_step(context(corpus, changed))
