@@ -103,10 +103,11 @@ def _group(corpus: Corpus, entries: Iterable[Mapping[str, Any]],
 EMPTY = _digest([])
 
 
-def fingerprints(corpus: Corpus, pool: ThreadPoolExecutor) -> dict[str, str]:
-    """Every partition's fingerprint, from one recursive listing per table folder."""
+def fingerprints(corpus: Corpus, pool: ThreadPoolExecutor, folders: list[str] | None = None) -> dict[str, str]:
+    """Every partition's fingerprint, from one recursive listing per table folder (of ``folders``,
+    such as the tables training reads; by default every table and the shard index)."""
     files: dict[str, list[tuple[str, int, str]]] = {}
-    for found in pool.map(lambda folder: _find(corpus, folder), _tops()):
+    for found in pool.map(lambda folder: _find(corpus, folder), _tops() if folders is None else folders):
         for label, entries in _group(corpus, found).items():
             files.setdefault(label, []).extend(entries)
     return {label: _digest(entries) for label, entries in files.items()}

@@ -93,7 +93,13 @@ def checkpoint_id(corpus: Corpus, cfg: Config) -> str | None:
             return None
         local = fsspec.filesystem("file")
         return f"file:{os.path.basename(weights)}#{file_digest(local, os.path.abspath(weights))}"
-    relpath = checkpoint_file(corpus, model)
+    return trained_checkpoint_id(corpus, model)
+
+
+def trained_checkpoint_id(corpus: Corpus, name: str) -> str | None:
+    """``file:<relpath>#<sha256 prefix>`` of the checkpoint training selected in
+    ``ROOT/train/<name>``; None when there is none."""
+    relpath = checkpoint_file(corpus, name)
     if relpath is None:
         return None
     return f"file:{relpath}#{file_digest(corpus.fs, corpus.path(relpath))}"

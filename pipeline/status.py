@@ -54,8 +54,10 @@ from pipeline.storage import Corpus
 # Final kinds first, then those a build tries again.
 KINDS: tuple[str, ...] = FINAL_KINDS + tuple(k.value for k in ErrorKind if k.value not in FINAL_KINDS)
 SECTION = "status"
-# Config sections that change no stage's counts (see ``status_key``).
-_NOT_IN_STATUS = {"name", "root", "sources", "filters", "download", "execution", "health"}
+# Config sections and settings that change no stage's counts (see ``status_key``). Retraining
+# changes them through the checkpoint, which the key holds, so the setting that decides when is out.
+_NOT_IN_STATUS: dict[str, Any] = {**dict.fromkeys(("name", "root", "sources", "filters", "download", "execution",
+                                                   "health"), True), "train": {"retrain_growth": True}}
 
 
 @dataclass

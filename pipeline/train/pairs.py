@@ -268,11 +268,12 @@ class PairSet:
                    {"source": source}, captions, activities)
 
     def to_corpus(self, corpus: Any, visual_name: str = "resnet34", text_name: str = "text:pairs",
-                  partitions: int = 2) -> list[str]:
+                  partitions: int = 2, batch: str = "pairs") -> list[str]:
         """Write the pairs as a corpus's clips and features tables (`features/<visual_name>`,
         `features/<text_name>`), so that the stages after featurize (train, score, shard) run on
         them: group g is video `pairs-<g>`, its k-th pair the clip `pairs-<g>-<k*1000>-<k*1000+1000>`
-        whose text is the pair's caption (else its pair id). Returns the clip ids in pair order."""
+        whose text is the pair's caption (else its pair id). A batch of another name adds to the
+        tables (of the same name: replaces what that one wrote). Returns the clip ids in pair order."""
         from pipeline.ids import clip_id, safe_id
 
         corpus.init_partitions(partitions)
@@ -291,9 +292,9 @@ class PairSet:
             for rows, name, array in ((visual, visual_name, self.visual[i]), (text, text_name, self.text[i])):
                 rows.append({"clip_id": cid, "extractor": name, "weights": "none", "shape": list(array.shape),
                              "values": array.reshape(-1).astype(np.float16)})
-        corpus.write_partitioned("clips", clips, "pairs", done=sorted(position))
+        corpus.write_partitioned("clips", clips, batch, done=sorted(position))
         for name, rows in ((visual_name, visual), (text_name, text)):
-            corpus.write_partitioned(f"features/{feature_key(name)}", rows, "pairs", done=ids)
+            corpus.write_partitioned(f"features/{feature_key(name)}", rows, batch, done=ids)
         return ids
 
     def to_pairs_file(self, path: str | Path) -> None:

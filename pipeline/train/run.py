@@ -14,6 +14,7 @@ from pipeline.config import Config
 from pipeline.progress import log
 from pipeline.runner import StageContext
 from pipeline.storage import Corpus
+from pipeline.train import freshness
 from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.evaluation import EvalOn
 from pipeline.train.loop import evaluate, train
@@ -88,12 +89,21 @@ def evaluate_corpus(corpus: Corpus, cfg: Config, checkpoint: Path | None = None,
 
 
 def train_step(ctx: StageContext) -> dict[str, Any]:
-    """The build's train stage: runs when the config has a `train` section."""
+    """The build's train stage: runs when the config has a `train` section, and trains when
+    `pipeline.train.freshness` finds the checkpoint there stale."""
     cfg: Config = ctx.config
     if cfg.train is None:
         return {"skipped": "no train section"}
+    folder = train_folder(cfg)
+    decision = freshness.decide(ctx.corpus, cfg, folder)
+    if not decision.train:
+        log.info("train skipped: %s", decision.reason)
+        return {"skipped": decision.reason}
+    log.info("training %s: %s", folder, decision.reason)
+    if decision.start_over:
+        freshness.start_over(ctx.corpus, folder)
     # Why the newest build did not train, for the report (train/<model>/skipped.json).
-    note = f"train/{cfg.train.model}/{SKIPPED}"
+    note = f"{folder}/{SKIPPED}"
     try:
         metrics = train_corpus(ctx.corpus, cfg)
     except PairsError as exc:
@@ -104,5 +114,6 @@ def train_step(ctx: StageContext) -> dict[str, Any]:
         return {"skipped": str(exc)}
     if ctx.corpus.fs.exists(ctx.corpus.path(note)):
         ctx.corpus.fs.rm(ctx.corpus.path(note))
+    freshness.record(ctx.corpus, cfg, folder, decision)
     keys = ("t2v", "v2t", "mc_acc", "n_test", "protocol", "split")
-    return {**{k: metrics.get(k) for k in keys}, "out": ctx.corpus.path(train_folder(cfg))}
+    return {**{k: metrics.get(k) for k in keys}, "out": ctx.corpus.path(folder)}

@@ -400,8 +400,28 @@ def test_a_build_scores_after_training_then_shards_and_reports(prefect_harness, 
     assert first["stages"]["shard"]["counters"] == {"dropped_top_fraction": 18}
     assert seen and "scores/wal" in seen[-1]  # the report ran after the scores
     second = run_build(cfg)
+    assert second["stages"]["train"]["skipped"].startswith("its inputs have not changed")
     assert second["stages"]["score:wal"]["items"] == 0 and second["stages"]["score:wal"]["skipped_done"] == 60
     assert second["stages"]["shard"]["parquet"]["written"] == 0
+    assert validate(Corpus(str(root))) == []
+
+    # One more video (5 pairs, 8 % of 60): the checkpoint is kept, so only its clips are scored
+    # and sharded, into new shards of its partition; every shard written before stays as it was.
+    def shard_files() -> set[Path]:
+        return {*(root / "shards" / "webdataset").glob("*.tar"), *(root / "shards" / "parquet").rglob("*.parquet")}
+
+    shards = {p: p.stat().st_mtime_ns for p in shard_files()}
+    new, _ = trainkit.noisy_pairs(videos=13, seed=1)
+    new.subset([i for i, g in enumerate(new.groups) if g == "v12"]).to_corpus(
+        Corpus(str(root)), "resnet34", "text:synthetic", batch="more")
+    third = run_build(cfg)
+    assert third["stages"]["train"]["skipped"].endswith("under train.retrain_growth (10.0%): kept")
+    assert third["stages"]["score:wal"]["ok"] == 5 and third["stages"]["score:wal"]["skipped_done"] == 60
+    assert third["stages"]["shard"]["parquet"]["written"] == 5  # a test video: all 5 sharded
+    assert {p: p.stat().st_mtime_ns for p in shards} == shards
+    added = shard_files() - set(shards)
+    partition = Corpus(str(root)).partition_of("pairs-v12")
+    assert len(added) == 2 and all(f"test-{partition}-" in p.name for p in added), added
     assert validate(Corpus(str(root))) == []
 
 
