@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from pipeline.shards.index import ROOT, PartitionIndex, ShardFile, index_path
+from pipeline.shards.index import ROOT, PartitionIndex, ShardEntry, ShardFile, index_path
 from pipeline.storage import Corpus
 
 _CHUNK = 4 << 20
-_READERS = 8  # shards hashed at once: an object store answers each read slowly, not a disk
+_READERS = 8  # indexes read, shards hashed at once: an object store answers each read slowly, not a disk
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ def _problem(corpus: Corpus, path: str, recorded: ShardFile, hashes: bool) -> st
     if not hashes:
         return None
     sha = hashlib.sha256()
-    with corpus.fs.open(path, "rb") as handle:
+    # Blocks of one chunk: s3fs would read 50 MB ahead of each chunk, for each shard in flight.
+    with corpus.fs.open(path, "rb", block_size=_CHUNK) as handle:
         while chunk := handle.read(_CHUNK):
             sha.update(chunk)
     if sha.hexdigest() != recorded.sha256:
@@ -50,19 +51,24 @@ def _problem(corpus: Corpus, path: str, recorded: ShardFile, hashes: bool) -> st
     return None
 
 
+def _shards(corpus: Corpus, partition: str) -> list[ShardEntry] | Damage:
+    """The shards a partition's index lists (its clip list is not kept), or its damage."""
+    try:
+        return PartitionIndex.load(corpus, partition).shards
+    except (pa.ArrowInvalid, OSError, KeyError, ValueError) as exc:
+        return Damage(partition, "", -1, index_path(partition), f"unreadable shard index ({exc})")
+
+
 def check_shards(corpus: Corpus, partitions: Iterable[str], hashes: bool = True) -> list[Damage]:
-    """The damaged shard files of ``partitions``, in partition and name order."""
-    checks, unreadable = [], []
-    for partition in partitions:
-        try:
-            index = PartitionIndex.load(corpus, partition)
-        except (pa.ArrowInvalid, OSError, KeyError, ValueError) as exc:
-            unreadable.append(Damage(partition, "", -1, index_path(partition), f"unreadable shard index ({exc})"))
-            continue
-        for entry in index.shards:
-            for fmt, recorded in entry.files.items():
-                checks.append((partition, entry, posixpath.join(ROOT, fmt, recorded.name), recorded))
+    """The damaged shard files of ``partitions``, in partition and name order (the unreadable
+    indexes first); indexes are read, and shards checked, ``_READERS`` at a time."""
+    labels = list(partitions)
     with ThreadPoolExecutor(_READERS) as pool:
+        listed = list(pool.map(lambda p: _shards(corpus, p), labels))
+        unreadable = [d for d in listed if isinstance(d, Damage)]
+        checks = [(partition, entry, posixpath.join(ROOT, fmt, recorded.name), recorded)
+                  for partition, shards in zip(labels, listed) if not isinstance(shards, Damage)
+                  for entry in shards for fmt, recorded in entry.files.items()]
         found = pool.map(lambda c: _problem(corpus, corpus.path(c[2]), c[3], hashes), checks)
         return unreadable + [Damage(partition, entry.split, entry.number, file, problem)
                              for (partition, entry, file, _), problem in zip(checks, found) if problem]

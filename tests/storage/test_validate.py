@@ -74,3 +74,12 @@ def test_a_row_outside_its_partition_is_named(tmp_path):
     moved = corpus.path("videos", f"partition={others[0]}", "moved.parquet")
     corpus.fs.mv(path, moved)
     assert any("rows of videos of other partitions" in m for m in _messages(corpus))
+
+
+def test_an_unreadable_errors_file_is_named(tmp_path):
+    # The lineage checks read the errors table too: its damage is a violation, not a crash.
+    corpus = _built(str(tmp_path))
+    path = corpus.table_files("errors")[0]
+    with corpus.fs.open(path, "wb") as handle:
+        handle.write(b"not parquet")
+    assert any(m.startswith("errors:") and "unreadable Parquet" in m for m in _messages(corpus))
