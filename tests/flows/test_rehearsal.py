@@ -2,7 +2,7 @@
 infra/README.md as a user types them: `python infra/stack.py up` (PostgreSQL under the Prefect
 server, a process worker, `dask scheduler` and three `dask worker` processes, one with GPU=1,
 an S3 store on moto's server behind the counting proxy), `vlcorpus deploy`, `prefect deployment
-run rebuild_corpus/rebuild ... --watch` on an s3:// root, 24 videos in 4 partitions. The build
+run rebuild_corpus/rebuild ... --watch` on an s3:// root, 16 videos in 4 partitions. The build
 completes (trained and scored on the S3 root), the corpus on S3 validates, featurize ran on the
 GPU worker only, the server's log holds no database error meanwhile; after `stack.py restart
 postgres` and `stack.py kill` of a Dask worker, the deployment runs again and changes nothing;
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 sys.path.insert(0, str(ROOT / "infra"))
 sys.path.insert(0, str(ROOT / "bench"))
 BIN = Path(sys.executable).parent
-VIDEOS = 24
+VIDEOS = 16
 
 
 def _needs() -> None:

@@ -466,15 +466,15 @@ def test_the_run_history_stays_bounded_under_nightly_builds(stack, tmp_path):
     days: a night's runs are deleted once the next night's are built. From the second night the
     database holds one night's runs, and its size stays flat."""
     nights = []
-    for night in range(4):
+    for night in range(3):
         _completed(_wait_final(stack.trigger(f"root={tmp_path / f'night-{night}'}", "until=align"), stack), stack)
         _age(stack.database, days=16)
         nights.append(_history(stack.database))
     print(f"Prefect database after each night: {nights}")
     assert nights[1]["task_run"] > 0
-    assert [night["task_run"] for night in nights[1:]] == [nights[1]["task_run"]] * 3
+    assert nights[2]["task_run"] == nights[1]["task_run"]
     # Deleted runs leave free pages that the next night's writes reuse.
-    assert nights[3]["bytes"] <= nights[1]["bytes"] * 1.05, nights
+    assert nights[2]["bytes"] <= nights[1]["bytes"] * 1.05, nights
     stack.quiet()
 
 
