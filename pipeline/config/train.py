@@ -90,10 +90,12 @@ class TrainConfig(BaseModel):
     margin: float = Field(0.2, ge=0, description="ranking margin; MMS initial margin; AsyNCE delta")
     options: dict[str, Any] = Field(default_factory=dict, description="model-specific settings")
     stream: StreamConfig = Field(default_factory=StreamConfig)
-    retrain_growth: float = Field(0.1, ge=0, description="a build trains again when the pairs grew or shrank "
-                                  "by at least this fraction since its checkpoint was trained (0: on any "
-                                  "change of the tables it read); a changed train section, or no "
-                                  "checkpoint, always trains. A kept checkpoint scores only the new clips")
+    retrain_growth: float | None = Field(
+        None, ge=0, description="a build trains again when the pairs grew or shrank by at least this "
+        "fraction since its checkpoint was trained (0: on any change of the tables it read); unset: "
+        "growth alone never trains again, since a new checkpoint has every clip scored again while "
+        "shards already written keep the scores they were written with. A changed train section, or "
+        "no checkpoint, always trains; a kept checkpoint scores only the new clips")
 
     @model_validator(mode="before")
     @classmethod

@@ -1,10 +1,11 @@
 """Whether a build's train step trains: what the checkpoint in ``train/<model>/`` was trained on,
 recorded beside it (``trained_on.json``), against what the corpus holds now.
 
-Training costs hours at scale, and a new checkpoint has the score stage score every clip again.
-So a build trains when there is no checkpoint, when the train section changed, or when the pairs
-grew or shrank by ``train.retrain_growth`` or more since the checkpoint was trained (0: on any
-change of the tables it read); otherwise the checkpoint is kept and only new clips are scored.
+Training costs hours at scale, and a new checkpoint has the score stage score every clip again
+(while shards already written keep the scores they were written with). So a build trains when
+there is no checkpoint, when the train section changed, or, when ``train.retrain_growth`` is set,
+when the pairs grew or shrank by that fraction or more since the checkpoint was trained (0: on
+any change of the tables it read); otherwise the checkpoint is kept and only new clips are scored.
 The inputs are measured without reading the tables' files: a fingerprint of the clips and
 feature tables from one recursive listing each, the pairs from the partitions' summaries (row
 counts). A checkpoint the record does not name (a training cut off, one from before records, or
@@ -61,6 +62,9 @@ def decide(corpus: Corpus, cfg: Config, folder: str) -> Decision:
         start, why = True, f"the train section changed since {name} was trained ({', '.join(changed)})"
     elif then.get("fingerprint") == inputs["fingerprint"]:
         return Decision(False, False, f"its inputs have not changed since {name} was trained", inputs)
+    elif train.retrain_growth is None:
+        return Decision(False, False, f"its tables changed since {name} was trained, and train.retrain_growth "
+                        f"is unset: kept", inputs)
     else:
         pairs, before = count_pairs(corpus, tables), int(then.get("pairs") or 0)
         change = abs(pairs - before) / max(before, 1)

@@ -1,8 +1,9 @@
 """A build's train step trains only when its checkpoint is stale (pipeline/train/freshness.py):
-unchanged inputs train nothing; a growth of the pairs under train.retrain_growth keeps the
-checkpoint, so the score stage scores only the new clips; more growth, counted since the
-checkpoint's training, a changed train section or retrain_growth 0 train again, from scratch,
-and every clip is scored again; a checkpoint without a record is resumed and recorded."""
+unchanged inputs train nothing; growth keeps the checkpoint when train.retrain_growth is unset (the
+default), and a growth under it when set, so the score stage scores only the new clips; more
+growth, counted since the checkpoint's training, a changed train section or retrain_growth 0
+train again, from scratch, and every clip is scored again; a checkpoint without a record is
+resumed and recorded."""
 
 from __future__ import annotations
 
@@ -99,12 +100,25 @@ def test_unchanged_inputs_train_nothing(built, tmp_path, caplog):
     assert _plans(corpus, cfg) == (0, 0)
 
 
-def test_a_small_growth_keeps_the_checkpoint_and_scores_only_the_new_clips(built, tmp_path):
+def test_growth_alone_trains_nothing_while_retrain_growth_is_unset(built, tmp_path):
     root = tmp_path / "root"
     corpus = _copy(built, root)
     cfg = _config(root)
+    before = _files(root)
+    _videos(corpus, range(FIRST, FIRST + 4))  # 20 more pairs: 20 %
+    result = train_step(context(corpus, cfg))
+    assert result == {"skipped": "its tables changed since train/wal/checkpoints/epoch_0001.pt was trained, "
+                                 "and train.retrain_growth is unset: kept"}
+    assert _files(root) == before
+    assert _plans(corpus, cfg) == (0, 20)  # the new clips alone
+
+
+def test_a_small_growth_keeps_the_checkpoint_and_scores_only_the_new_clips(built, tmp_path):
+    root = tmp_path / "root"
+    corpus = _copy(built, root)
+    cfg = _config(root, retrain_growth=0.1)
     before, scored = _files(root), _scores(corpus)
-    _videos(corpus, range(FIRST, FIRST + 1))  # 5 more pairs: 5 %, under the default 10 %
+    _videos(corpus, range(FIRST, FIRST + 1))  # 5 more pairs: 5 %, under 10 %
     result = train_step(context(corpus, cfg))
     assert result["skipped"] == ("the pairs went from 100 to 105 (5.0%) since train/wal/checkpoints/epoch_0001.pt "
                                  "was trained, under train.retrain_growth (10.0%): kept")

@@ -415,7 +415,7 @@ def test_a_build_scores_after_training_then_shards_and_reports(prefect_harness, 
     new.subset([i for i, g in enumerate(new.groups) if g == "v12"]).to_corpus(
         Corpus(str(root)), "resnet34", "text:synthetic", batch="more")
     third = run_build(cfg)
-    assert third["stages"]["train"]["skipped"].endswith("under train.retrain_growth (10.0%): kept")
+    assert third["stages"]["train"]["skipped"].endswith("train.retrain_growth is unset: kept")
     assert third["stages"]["score:wal"]["ok"] == 5 and third["stages"]["score:wal"]["skipped_done"] == 60
     assert third["stages"]["shard"]["parquet"]["written"] == 5  # a test video: all 5 sharded
     assert {p: p.stat().st_mtime_ns for p in shards} == shards
