@@ -38,7 +38,8 @@ def train(
     out: Annotated[Path | None, typer.Option(help="Checkpoints and metrics (default: "
                                                   "ROOT/train/<model>).")] = None,
     device: Device = "auto",
-    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint.")] = True,
+    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint (--no-resume: start over, the "
+                                               "previous run's checkpoints removed).")] = True,
     pairs: Pairs = None,
     shards: Shards = None,
     eval_on: EvalOn = "test",

@@ -246,7 +246,9 @@ def train(pairs: PairSet | PairStream, cfg: TrainConfig, out_dir: Path, device: 
         random.setstate(state["rng"]["python"])
         log.info("resumed from %s at epoch %d", latest, start_epoch)
     else:
-        (ckpt_dir / BEST).unlink(missing_ok=True)  # a previous run's pick
+        # A previous run's pick, and its epochs: one beyond this run's last would stay the newest.
+        for old in [ckpt_dir / BEST, *_checkpoints(ckpt_dir)]:
+            old.unlink(missing_ok=True)
         if model.discriminator is not None:  # a stream reads its sample only for WAL-att-adv
             _init_background(model, feed.background(), dev, cfg.seed)
     opts = batch_options(cfg)

@@ -207,6 +207,13 @@ def test_resume_continues_at_next_epoch_with_same_result(tmp_path):
     assert again["t2v"] == pytest.approx(full["t2v"])
 
 
+def test_a_run_without_resume_leaves_no_epoch_of_the_run_before(tmp_path):
+    train(PAIRS, cfg("nce", epochs=3), tmp_path, device="cpu")
+    train(PAIRS, cfg("nce", epochs=1), tmp_path, device="cpu", resume=False)
+    assert latest_checkpoint(tmp_path).name == "epoch_0000.pt"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["epoch_0000.pt"]
+
+
 def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     """A save that fails halfway (disk full, a kill) leaves the checkpoints as they were and no
     temporary file; the next run resumes from the last complete epoch."""
