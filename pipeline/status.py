@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,11 +186,19 @@ def idle_partitions(corpus: Corpus, cfg: Config, stages: list[str],
                     retry_failed: bool = False) -> dict[str, dict[str, Counts]]:
     """The partitions whose summary is fresh and says that none of ``stages`` (part names:
     ``featurize:resnet34``) has anything to do, with their counts: a build runs no task for
-    them. Decided from the summaries alone; a partition without a fresh one has work."""
+    them. Decided from the summaries alone; a partition without a fresh one has work, unless it
+    holds no file in any table (discover put no video there: a fresh root's, or a small corpus
+    in many partitions), which has nothing to do and counts nothing."""
     found = partition_status(corpus, cfg, rescan=False)
-    return {label: counts for label, counts in found.items()
+    idle = {label: counts for label, counts in found.items()
             if all(name in counts and not counts[name].todo and not (retry_failed and counts[name].final)
                    for name in stages)}
+    with ThreadPoolExecutor(partsummary.WORKERS) as pool:
+        held = partsummary.fingerprints(corpus, pool)
+    outputs = {stage.name: stage.output for stage in partition_stages(cfg)}
+    for label in set(corpus.labels()) - set(found) - set(held):
+        idle[label] = {name: Counts(outputs.get(name, name)) for name in stages}
+    return idle
 
 
 def corpus_status(corpus: Corpus, cfg: Config, by_partition: bool = False) -> dict[str, Any]:

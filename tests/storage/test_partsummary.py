@@ -76,6 +76,16 @@ def test_status_reads_the_summaries_and_rescans_a_partition_whose_files_changed(
     assert (status, summarize(corpus)) == _from_tables(corpus)
 
 
+def test_a_partition_without_files_has_nothing_to_do_without_a_summary(memory_root):
+    corpus = Corpus(memory_root)
+    corpus.init_partitions(4)
+    add_video(corpus, "demo-one")  # discover put one video in one partition: no summary anywhere
+    idle = idle_partitions(corpus, CFG, ["download", "transcribe"])
+    assert sorted(idle) == sorted(set(corpus.labels()) - {corpus.partition_of("demo-one")})
+    assert {c.table for counts in idle.values() for c in counts.values()} == {"downloads", "segments"}
+    assert all(c.upstream == c.done == c.todo == 0 for counts in idle.values() for c in counts.values())
+
+
 def test_a_kill_between_a_batch_and_its_partitions_summary_leaves_no_wrong_figure(tmp_path):
     corpus = _summarized(Corpus(str(tmp_path / "corpus")))
     before = summarize(corpus)
