@@ -62,15 +62,23 @@ def video_tag(video: str) -> str:
     return hashlib.sha1(video.encode()).hexdigest()[:8]
 
 
+def recent_events(s: State, video: str, admitted: float, now: float, policy: Policy) -> list[list] | None:
+    """The events of ``s`` still in the window, without ``video``'s (one video counts once); None
+    when its download began before the last trip, which already paused it."""
+    if admitted < s["tripped_at"]:
+        return None
+    tag = video_tag(video)
+    return [e for e in s["events"] if now - e[0] <= policy.window_s and e[1] != tag]
+
+
 def refused(state: State | None, video: str, strong: bool, admitted: float, now: float,
             policy: Policy) -> State:
     """``state`` after a refusal of ``video``, whose download was let through at ``admitted``."""
     s = fresh() | (state or {})
-    if admitted < s["tripped_at"]:
-        return s  # began before the last trip, which already paused it
-    tag = video_tag(video)
-    events = [e for e in s["events"] if now - e[0] <= policy.window_s and e[1] != tag]
-    events.append([now, tag])
+    events = recent_events(s, video, admitted, now, policy)
+    if events is None:
+        return s
+    events.append([now, video_tag(video)])
     blocked = s["since"] is not None
     if (strong and blocked) or len(events) >= policy.threshold:
         return tripped(s, now, policy, ongoing=blocked)

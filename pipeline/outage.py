@@ -21,7 +21,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from pipeline.breaker import OK_EVERY_S, POLL_S, Policy, duration, paused, tripped, video_tag
+from pipeline.breaker import OK_EVERY_S, POLL_S, Policy, duration, paused, recent_events, tripped, video_tag
 from pipeline.errors import NetworkError, StageError, StageStopped
 from pipeline.limits import State, Store
 from pipeline.progress import log
@@ -47,11 +47,10 @@ def failed(state: State | None, video: str, host: str, admitted: float, now: flo
            policy: Policy) -> State:
     """``state`` after ``video`` (of ``host``), let through at ``admitted``, failed on the network."""
     s = fresh() | (state or {})
-    if admitted < s["tripped_at"]:
-        return s  # began before the last trip, which already paused it
-    tag = video_tag(video)
-    events = [e for e in s["events"] if now - e[0] <= policy.window_s and e[1] != tag]
-    events.append([now, tag, host])
+    events = recent_events(s, video, admitted, now, policy)
+    if events is None:
+        return s
+    events.append([now, video_tag(video), host])
     down = s["since"] is not None
     one_host = len({e[2] for e in events}) == 1 and s["ok_host"] not in (None, host)
     if down or (len(events) >= policy.threshold and not one_host):
