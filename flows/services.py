@@ -17,7 +17,7 @@ from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-from flows.fork_server import WORKER_START, fork_server
+from flows.fork_server import WORKER_START, cluster_address, local_workers
 from flows.temporary_server import TemporaryServer
 from pipeline.config import Config
 
@@ -92,23 +92,6 @@ def use_api(api_url: str) -> Iterator[None]:
             os.environ.pop("PREFECT_API_URL", None)
         else:
             os.environ["PREFECT_API_URL"] = before
-
-
-def cluster_address(cfg: Config, dask_address: str | None = None) -> str | None:
-    """The Dask cluster a build should use: given, in the config, or the workers' environment
-    (which lets a deployment's workers point every build at their cluster)."""
-    return dask_address or cfg.execution.dask_address or os.environ.get("VLCORPUS_DASK_ADDRESS")
-
-
-@contextmanager
-def local_workers(cfg: Config, root: str, dask_address: str | None = None) -> Iterator[None]:
-    """The fork server of a local cluster's worker processes, when the build will start one
-    (none on a given cluster, or for an in-memory root, whose workers are threads)."""
-    if cluster_address(cfg, dask_address) is None and not root.startswith("memory://"):
-        with fork_server():
-            yield
-    else:
-        yield
 
 
 @contextmanager

@@ -72,15 +72,19 @@ def build(
             server.stop()
         _error(exc)
         raise typer.Exit(2) from None
-    from flows.services import local_workers, prefect_server
+    from flows.fork_server import local_workers
 
     try:
-        with _build_output(mode, verbose, cfg.corpus_root(root)), prefect_server(server):
-            from flows.build import run_build
+        # The workers' fork server first (a new interpreter: it imports the flows while this
+        # process imports Prefect and the flows itself), inside the log file, which it and the
+        # workers it forks write to.
+        with _build_output(mode, verbose, cfg.corpus_root(root)), \
+                local_workers(cfg, cfg.corpus_root(root), dask_address):
+            from flows.services import prefect_server
 
-            # Now, while this process is single-threaded with the flows imported: its workers'
-            # fork server can be a fork of it.
-            with local_workers(cfg, cfg.corpus_root(root), dask_address):
+            with prefect_server(server):
+                from flows.build import run_build
+
                 summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
                                     retry_failed=retry_failed, stage=stage)
     except (SetupError, LayoutError) as exc:
