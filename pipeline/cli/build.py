@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from pipeline.cli.common import JsonLogs, Quiet, _emit, _error, _logging, app, console
+from pipeline.cli.stopping import stops_on_signals
 from pipeline.config import ConfigError, load_config
 from pipeline.errors import SetupError
 from pipeline.graph import ORDER, check_name
@@ -50,6 +51,12 @@ def build(
     verbose: Verbose = False,
 ) -> None:
     """Run the pipeline for CONFIG, resuming whatever an earlier run left."""
+    with stops_on_signals():
+        _build(config, root, until, dask_address, retry_failed, stage, quiet, json_logs, verbose)
+
+
+def _build(config: Path, root: str | None, until: str | None, dask_address: str | None, retry_failed: bool,
+           stage: str | None, quiet: bool, json_logs: bool, verbose: bool) -> None:
     from flows.temporary_server import early_server
 
     # First thing: starting the server is the longest part of a build's set-up.
@@ -134,7 +141,7 @@ def demo(
         check_name(until)
     from flows.demo import run_demo
 
-    with _build_output(mode, verbose, str(root / "corpus")):
+    with stops_on_signals(), _build_output(mode, verbose, str(root / "corpus")):
         summary = run_demo(root, n_videos=videos, seed=seed, until=until, port=port)
     _time_setup(summary)
     _finish(summary, mode)
