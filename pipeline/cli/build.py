@@ -57,10 +57,14 @@ def build(
 
 def _build(config: Path, root: str | None, until: str | None, dask_address: str | None, retry_failed: bool,
            stage: str | None, quiet: bool, json_logs: bool, verbose: bool) -> None:
+    from flows import fork_server
     from flows.temporary_server import early_server
 
-    # First thing: starting the server is the longest part of a build's set-up.
+    # First thing: starting the server is the longest part of a build's set-up, and the
+    # workers' fork server's import of the flows the next longest.
     server = early_server()
+    if dask_address is None:
+        fork_server.start()
     mode = _logging(quiet, json_logs)
     try:
         cfg = load_config(config)
@@ -77,16 +81,12 @@ def _build(config: Path, root: str | None, until: str | None, dask_address: str 
     except (ConfigError, ValueError, SetupError) as exc:
         if server is not None:
             server.stop()
+        fork_server.stop()
         _error(exc)
         raise typer.Exit(2) from None
-    from flows.fork_server import local_workers
-
     try:
-        # The workers' fork server first (a new interpreter: it imports the flows while this
-        # process imports Prefect and the flows itself), inside the log file, which it and the
-        # workers it forks write to.
         with _build_output(mode, verbose, cfg.corpus_root(root)), \
-                local_workers(cfg, cfg.corpus_root(root), dask_address):
+                fork_server.local_workers(cfg, cfg.corpus_root(root), dask_address):
             from flows.services import prefect_server
 
             with prefect_server(server):
