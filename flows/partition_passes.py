@@ -28,7 +28,7 @@ from pipeline import limits, retention
 from pipeline.config import Config
 from pipeline.runner import StageReport, run_partition
 from pipeline.shards.stage import listing_report
-from pipeline.stages import context, parts
+from pipeline.stages import context, gpu_stages, parts
 from pipeline.status import Counts, idle_partitions
 from pipeline.storage import Corpus
 from pipeline.summarize_partition import store_summary
@@ -134,10 +134,19 @@ class StageTotals:
                 for name, report in self.parts.items()}
 
 
+def gpu_routed(cfg: Config) -> set[str]:
+    """The stages whose tasks ask Dask for a GPU worker: those whose models run on a GPU, when
+    the cluster has GPU workers (`dask worker --resources GPU=1`, or the local cluster's one
+    per GPU); featurize also when ``execution.gpu_resource`` says so."""
+    workers = FlowRunContext.get().task_runner.client.scheduler_info()["workers"].values()
+    if any(w.get("resources", {}).get("GPU") for w in workers):
+        return gpu_stages(cfg)
+    return {"featurize"} if cfg.execution.gpu_resource else set()
+
+
 def _submit(stage: str, partition: str, corpus: Corpus, cfg: Config, retry_failed: bool,
-            limits_on: str, after: PrefectFuture | None = None, last: bool = False) -> PrefectFuture:
-    # GPU workers (`dask worker --resources GPU=1`) take featurize tasks when asked.
-    gpu = cfg.execution.gpu_resource and stage == "featurize"
+            limits_on: str, after: PrefectFuture | None = None, last: bool = False,
+            gpu: bool = False) -> PrefectFuture:
     with dask.annotate(**({"resources": {"GPU": 1}} if gpu else {})):
         return partition_task.submit(stage, partition, corpus.url, cfg, retry_failed, limits_on, last,
                                      wait_for=[after] if after is not None else None)
@@ -162,6 +171,7 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
                 totals[name].add_idle({p.name: counts[p.name] for p in parts(name, cfg)})
     results: list[dict[str, Any]] = []
     limits_on = where_limits()
+    on_gpu = gpu_routed(cfg)
     if "download" in stage_names and limits_on == "prefect":
         prepare_download_limit(cfg)
     progress = BuildProgress(stage_names, len(labels))
@@ -193,7 +203,7 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
                     previous = None
                     for stage in stage_names:
                         previous = _submit(stage, partition, corpus, cfg, retry_failed, limits_on, previous,
-                                           last=stage == stage_names[-1])
+                                           last=stage == stage_names[-1], gpu=stage in on_gpu)
                         waiting[previous] = partition
                     left[partition] = len(stage_names)
                 if not waiting:
@@ -213,7 +223,8 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
         else:
             for stage in stage_names:
                 last = stage == stage_names[-1]
-                futures = [_submit(stage, p, corpus, cfg, retry_failed, limits_on, last=last) for p in labels]
+                futures = [_submit(stage, p, corpus, cfg, retry_failed, limits_on, last=last, gpu=stage in on_gpu)
+                           for p in labels]
                 for future in as_completed(futures):
                     collect(future)
                 if failure is not None:

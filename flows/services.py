@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 from contextlib import ExitStack, contextmanager
 
 from prefect.events.worker import EventsWorker
@@ -20,6 +21,8 @@ from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
 from flows.fork_server import WORKER_START, cluster_address, local_workers
 from flows.temporary_server import TemporaryServer
 from pipeline.config import Config
+from pipeline.media.decode_pool import DECODE_WORKERS_ENV
+from pipeline.stages import gpu_stages
 
 # Worker processes import the flows when they start (from the fork server, which has), not
 # when the first task arrives.
@@ -118,9 +121,37 @@ def build_services(cfg: Config, root: str, dask_address: str | None = None) -> I
                 n_workers=cfg.execution.n_workers or 2,
                 threads_per_worker=cfg.execution.threads_per_worker, processes=processes,
                 dashboard_address=None, **workers))
+            if processes:
+                add_gpu_workers(cluster, gpu_workers(cfg))
             address = cluster.scheduler_address
         server_up()
         yield address
+
+
+def gpu_workers(cfg: Config) -> int:
+    """GPU workers a local cluster gets: one per visible GPU (counted through NVML, without
+    initialising CUDA in this process) when a stage would run a model on one."""
+    from pipeline.device import cuda_devices
+
+    return cuda_devices() if gpu_stages(cfg) else 0
+
+
+def add_gpu_workers(cluster: Any, gpus: int) -> None:
+    """One worker per GPU beside the CPU workers, as on a real cluster (`dask worker
+    --resources GPU=1`): it sees that GPU alone, offers the Dask resource GPU=1 that the GPU
+    stages' tasks ask for, and its decode processes share the cores with the other GPUs'."""
+    if not gpus:
+        return
+    from pipeline.media.decode_pool import usable_cpus
+
+    per_gpu = str(max(1, usable_cpus() // gpus))
+    for gpu in range(gpus):
+        options = cluster.new_spec["options"]
+        cluster.worker_spec[f"gpu-{gpu}"] = {**cluster.new_spec, "options": {
+            **options, "name": f"gpu-{gpu}", "resources": {"GPU": 1},
+            "env": {**options.get("env", {}), "CUDA_VISIBLE_DEVICES": str(gpu), DECODE_WORKERS_ENV: per_gpu}}}
+    cluster.scale(len(cluster.worker_spec))
+    cluster.wait_for_workers(len(cluster.worker_spec), timeout=120)
 
 
 class _NoDashboard(logging.Filter):

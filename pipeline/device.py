@@ -3,34 +3,41 @@ not there (silently running on the CPU would take days instead of hours)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import ctypes
+import os
 
 from pipeline.errors import SetupError
 
 
-def _cuda_devices() -> int:
-    """CUDA devices visible to the library at hand: torch when it is installed (the features and
-    trainer extras), else CTranslate2 (faster-whisper's engine, the asr extra)."""
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    # No torch (a core or asr install): ask faster-whisper's engine instead.
+def cuda_devices() -> int:
+    """CUDA devices visible to this process, counted through NVML, which does not initialise
+    CUDA: a process that initialised it cannot hand CUDA to a process it forks, and the build's
+    own process, which counts them, needs no CUDA of its own (its workers run the models).
+    Without NVML (no NVIDIA driver) there is none. CUDA_VISIBLE_DEVICES narrows the count."""
     try:
-        import ctranslate2
-
-        return ctranslate2.get_cuda_device_count()
-    except Exception:  # noqa: BLE001 - not installed, or a broken CUDA install: no GPU for us
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
         return 0
+    if nvml.nvmlInit_v2() != 0:
+        return 0
+    try:
+        count = ctypes.c_uint()
+        found = count.value if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else 0
+    finally:
+        nvml.nvmlShutdown()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return found
+    listed = [d.strip() for d in visible.split(",") if d.strip()]
+    # CUDA stops at the first invalid entry; "-1" (or nothing) hides every device.
+    return min(found, len(listed)) if listed and not listed[0].startswith("-") else 0
 
 
 def pick_device(choice: str, setting: str) -> str:
     """``"cuda"`` or ``"cpu"`` for ``choice`` ("auto", "cpu", "cuda"); ``setting`` names where
     the choice came from (e.g. ``features.device``) in the error for a missing GPU."""
     if choice == "auto":
-        return "cuda" if _cuda_devices() else "cpu"
-    if choice.startswith("cuda") and not _cuda_devices():
-        raise SetupError(f"{setting} is {choice!r} but no CUDA device is visible "
-                         f"({'torch' if 'torch' in sys.modules else 'CTranslate2'} sees none)")
+        return "cuda" if cuda_devices() else "cpu"
+    if choice.startswith("cuda") and not cuda_devices():
+        raise SetupError(f"{setting} is {choice!r} but no CUDA device is visible (NVML counts none)")
     return choice

@@ -36,16 +36,21 @@ def make_stage(ecfg: ExtractorConfig, cfg: Config) -> Stage:
 
     def check(cfg: Config) -> None:
         # The model built once now: missing weights, packages or GPUs stop the build before
-        # any download.
+        # any download. It is built on the CPU: this is the build's own process, which never
+        # initialises CUDA (a GPU is counted through NVML); the workers build it on their device.
         require_package("torch", f"the {name} extractor")
         if ecfg.is_text:
             require_package("transformers", f"the {name} extractor")
+        import torch
+
+        from pipeline.device import pick_device
         from pipeline.features import build_extractor
         from pipeline.media.nvdec import use_nvdec
 
-        extractor = build_extractor(ecfg, cfg.frames, cfg.features)
-        if not ecfg.is_text:
-            use_nvdec(cfg.features.decode, extractor.device)  # "nvdec" that cannot be had stops here
+        device = pick_device(cfg.features.device, "features.device")
+        build_extractor(ecfg, cfg.frames, cfg.features.model_copy(update={"device": "cpu", "compile": False}))
+        if not ecfg.is_text and device == "cpu":
+            use_nvdec(cfg.features.decode, torch.device(device))  # "nvdec" without a GPU stops here
 
     return Stage(name=f"featurize:{feature_key(name)}", output=f"features/{feature_key(name)}",
                  source="clips", inputs=clips_with_media, process=process, key="clip_id",

@@ -57,6 +57,21 @@ def parts(name: str, cfg: Config) -> list[Stage | Step]:
     return BUILT[check_name(name)](cfg)
 
 
+def gpu_stages(cfg: Config) -> set[str]:
+    """The stages whose models run on a GPU where there is one: featurize with extractors on
+    ``features.device`` auto or cuda, transcribe with faster-whisper ASR on
+    ``transcribe.asr.device`` auto or cuda. Their tasks ask Dask for the resource GPU=1 on a
+    cluster with GPU workers (the local cluster has one per GPU)."""
+    on_gpu = {"auto", "cuda"}
+    stages = set()
+    if cfg.features.extractors and cfg.features.device.split(":")[0] in on_gpu:
+        stages.add("featurize")
+    asr = cfg.transcribe.asr
+    if "asr" in cfg.transcribe.prefer and asr.backend == "faster-whisper" and asr.device.split(":")[0] in on_gpu:
+        stages.add("transcribe")
+    return stages
+
+
 def check_build(cfg: Config, until: str | None = None, stage: str | None = None) -> None:
     """What the stages a build runs need (extras, models, weights, binaries), checked before
     any work: the first problem raises a SetupError that says what to do. Models the build

@@ -15,6 +15,7 @@ from typing import Any
 
 from pipeline.asr import AsrBackend, get_backend, transcribe_media
 from pipeline.config import AsrConfig, Config, QualityConfig, TranscribeConfig
+from pipeline.device import pick_device
 from pipeline.errors import BadInputError, StageError
 from pipeline.progress import log
 from pipeline.runner import Item, Stage, StageContext, per_item, table_inputs
@@ -152,11 +153,21 @@ def transcript_file(path: str, asr: AsrConfig, cfg: TranscribeConfig) -> list[di
              "source": source} for s in sentences]
 
 
+def checked_on_cpu(asr: AsrConfig) -> AsrConfig:
+    """The ASR settings a check loads its model with: a GPU asked for must be there (counted
+    through NVML), and the model is loaded on the CPU, since the build's own process, where
+    checks run, never initialises CUDA; the workers load it on their device."""
+    if asr.backend != "faster-whisper":
+        return asr
+    pick_device(asr.device, "transcribe.asr.device")
+    return asr.model_copy(update={"device": "cpu", "compute_type": None})
+
+
 def check(cfg: Config) -> None:
     """ASR in ``transcribe.prefer``: its model or client set up once now, so a missing model
     or credentials stop the build before anything is downloaded."""
     if "asr" in cfg.transcribe.prefer:
-        get_backend(cfg.transcribe.asr)
+        get_backend(checked_on_cpu(cfg.transcribe.asr))
 
 
 STAGE = Stage(name="transcribe", output="segments", source="downloads", inputs=table_inputs("downloads"),

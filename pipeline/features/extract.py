@@ -10,6 +10,7 @@ behind compute. Rows hold float16 arrays ([T, D] or [D]).
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
@@ -24,7 +25,7 @@ from pipeline.features import build_extractor
 from pipeline.features.base import TextExtractor, VisualExtractor
 from pipeline.media import FrameRequest
 from pipeline.media import nvdec
-from pipeline.media.decode_pool import FeederPool, plan_jobs, shared_pool, usable_cpus
+from pipeline.media.decode_pool import DECODE_WORKERS_ENV, FeederPool, plan_jobs, shared_pool, usable_cpus
 from pipeline.progress import beat
 from pipeline.runner import Item, Outcome, StageContext
 
@@ -52,8 +53,9 @@ def _row(clip: str, extractor: VisualExtractor | TextExtractor, array: np.ndarra
 
 
 def decode_processes(fcfg: FeaturesConfig) -> int:
-    """``features.decode_workers``, or one decode worker per CPU this process may use."""
-    return fcfg.decode_workers or usable_cpus()
+    """``features.decode_workers``, or the worker's share of the cores (a local cluster's GPU
+    worker: the cores per GPU), or one decode worker per CPU this process may use."""
+    return fcfg.decode_workers or int(os.environ.get(DECODE_WORKERS_ENV, 0)) or usable_cpus()
 
 
 def _host_buffer(device: torch.device) -> Callable[[tuple[int, ...]], np.ndarray]:

@@ -55,6 +55,11 @@ Localize = Callable[[str], AbstractContextManager[str]]  # a media path -> a loc
 Allocate = Callable[[tuple[int, ...]], np.ndarray]  # uint8 array of that shape to read into
 
 
+# Decode processes for a worker that shares the machine's cores with other GPUs' workers (set
+# by the local cluster on its GPU workers: the cores per GPU).
+DECODE_WORKERS_ENV = "VLCORPUS_DECODE_WORKERS"
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on (its affinity mask, which containers and taskset set)."""
     if hasattr(os, "sched_getaffinity"):
