@@ -17,7 +17,7 @@ PY312 ?= $(firstword $(shell for p in $$(command -v python3.12) $(HOME)/.pyenv/v
 VENV312 := .venv-py312
 TORCH_FREE_TESTS := tests/stages tests/storage
 
-.PHONY: demo test test-py312 lock lock-upgrade lock-check docs reference system venv schema clean
+.PHONY: demo test test-gpu test-py312 lock lock-upgrade lock-check docs reference system venv schema clean
 
 # Debian packages, only when a binary is missing (needs root or sudo); chromium checks the
 # HTML report in the tests, PostgreSQL is the Prefect server's database in the production
@@ -52,6 +52,11 @@ demo: venv
 # CI fails when pyproject.toml and the lock disagree, or a dependency breaks on Python 3.12.
 test: venv lock-check test-py312
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The GPU layer (tests marked gpu: the copy stream, NVDEC against the CPU decoder, a build on
+# the GPU worker), on a machine with CUDA; docs/contributing.md says how to run it offline.
+test-gpu: venv
+	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
 # Without a Python 3.12 this is skipped, except in CI (CI=true), where it fails.
 test-py312: system $(if $(PY312),$(VENV312)/.installed)

@@ -178,3 +178,19 @@ def tally(request):
 def pytest_terminal_summary(terminalreporter):
     for tally in terminalreporter.config.stash.get(_TALLIES, {}).values():
         terminalreporter.write_line(tally.line())
+
+
+def pytest_collection_modifyitems(config, items):
+    """The GPU layer (``-m gpu``, make test-gpu) is skipped where torch sees no CUDA device."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    try:
+        import torch
+
+        why = None if torch.cuda.is_available() else "no CUDA device (the GPU layer: make test-gpu on a GPU machine)"
+    except ImportError:
+        why = "no torch"
+    if why:
+        for item in gpu_tests:
+            item.add_marker(pytest.mark.skip(reason=why))
