@@ -19,7 +19,7 @@ from pipeline.demo import make_demo_media, serve_demo
 from pipeline.discover import discover
 from pipeline.runner import run_stage
 from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 
 def run(base: str, names: list[str], concurrency: int, work: Path) -> tuple[float, int, int]:

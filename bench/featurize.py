@@ -50,7 +50,7 @@ from pipeline.media import nvdec
 from pipeline.media.decode_pool import plan_jobs, shared_pool, usable_cpus
 from pipeline.runner import run_stage
 from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 FPS = 25
 CLIP_S, STEP_S = 3.0, 1.5

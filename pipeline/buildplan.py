@@ -1,6 +1,6 @@
 """What a build of a config would do, read without writing anything (`vlcorpus check`): the
 stages in build order with their key settings, the partitions, the health limits and, for a
-root with tables, what is left of each stage (the figures of pipeline/status.py).
+root with tables, what is left of each stage (the figures of pipeline/corpus/status.py).
 
 JSON shape (part of ``vlcorpus check --json``)::
 
@@ -9,7 +9,7 @@ JSON shape (part of ``vlcorpus check --json``)::
                  "skipped": str | None,             # why it would not run (train and score
                                                     # without their section, ...)
                  "settings": {str: str | list[str]},
-                 "todo": {part: COUNTS} | None}],   # pipeline/status.py's COUNTS, per part
+                 "todo": {part: COUNTS} | None}],   # pipeline/corpus/status.py's COUNTS, per part
                                                     # (featurize:<extractor>, ...); None for
                                                     # steps and for a root without tables
      "health": {limit: value},
@@ -24,7 +24,7 @@ from typing import Any
 from pipeline import graph
 from pipeline.config import Config, ExtractorConfig, Source
 from pipeline.runner import Stage
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 Settings = dict[str, str | list[str]]
 
@@ -60,12 +60,12 @@ def _partitions(cfg: Config, corpus: Corpus | None, recorded: int | None) -> dic
     if requested is not None:
         return {"count": requested, "from": "execution.partitions"}
     return {"count": None, "from": "chosen by the first build from the number of videos discovered "
-                                   "(pipeline/partitions.py: up to 8 for a small corpus, then one per "
+                                   "(pipeline/corpus/partitions.py: up to 8 for a small corpus, then one per "
                                    "1000 videos)"}
 
 
 def _todo(cfg: Config, corpus: Corpus) -> dict[str, dict[str, Any]]:
-    from pipeline.status import corpus_status
+    from pipeline.corpus.status import corpus_status
 
     return corpus_status(corpus, cfg)["stages"]
 

@@ -58,10 +58,10 @@ from pipeline.ids import safe_id
 from pipeline.media import check_video
 from pipeline.outage import NetworkDown, Watch, network_down
 from pipeline.progress import log
-from pipeline.retention import needed_again
+from pipeline.corpus.retention import needed_again
 from pipeline.setup import require_binaries
 from pipeline.runner import Item, Outcome, Stage, StageContext, StageReport, per_item, table_inputs
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from pipeline.subtitles import check_size, read_cues
 from pipeline.ytdlp import Egress, ForbiddenError, base_options, download, egresses
 

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipeline.errors import GONE_HOST_PREFIX, ErrorKind
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 
 def evidence(host: str) -> str:

@@ -16,8 +16,9 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from pipeline import graph, partitions
-from pipeline.storage import Corpus
+from pipeline import graph
+from pipeline.corpus import partitions
+from pipeline.corpus.storage import Corpus
 
 VALUES = ("similarity", "p_aligned")
 

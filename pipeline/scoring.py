@@ -39,7 +39,7 @@ from pipeline.ids import feature_key
 from pipeline.runner import Item, Outcome, Stage, StageContext, rows_of
 from pipeline.setup import require_package
 from pipeline.shards.samples import batch_features
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 TRAIN_DIR = "train"
 _EPOCH = re.compile(r"epoch_\d+\.pt")

@@ -16,7 +16,7 @@ from pipeline.errors import SetupError
 from pipeline.modelcache import DownloadOnFirstUse, setup_check
 
 if TYPE_CHECKING:
-    from pipeline.storage import Corpus
+    from pipeline.corpus.storage import Corpus
 
 # Package -> the extra that brings it (pyproject.toml's optional dependencies); torch comes
 # with both [features] and [train], and a caller that needs it for training says so.

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from pipeline import align, discover, download, featurize, retention, scoring, transcribe
+from pipeline import align, discover, download, featurize, scoring, transcribe
+from pipeline.corpus import retention
 from pipeline.config import Config
 from pipeline.graph import check_name, stages_until
 from pipeline.progress import log
@@ -19,7 +20,7 @@ from pipeline.runner import RetryPolicy, Stage, StageContext, Step, run_stage, r
 from pipeline.setup import check_stages, require_package
 from pipeline.shards.stage import make_stage as shard_stage
 from pipeline.shards.stage import write_shards
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 
 def _report(ctx: StageContext) -> dict[str, Any]:

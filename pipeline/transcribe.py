@@ -19,7 +19,7 @@ from pipeline.errors import BadInputError, StageError
 from pipeline.progress import log
 from pipeline.runner import Item, Stage, StageContext, per_item, table_inputs
 from pipeline.segment import Sentence, split_sentences
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from pipeline.subtitles import check_size, subtitle_sentences
 
 SUBTITLE_SUFFIXES = (".vtt", ".srt")

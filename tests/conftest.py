@@ -105,7 +105,7 @@ def demo_corpus(tmp_path_factory):
     from pipeline.discover import discover
     from pipeline.runner import run_stage
     from pipeline.stages import context
-    from pipeline.storage import Corpus
+    from pipeline.corpus.storage import Corpus
 
     base = tmp_path_factory.mktemp("demo")
     site, root = base / "site", base / "corpus"

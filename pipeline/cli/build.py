@@ -15,7 +15,7 @@ from pipeline.config import ConfigError, load_config
 from pipeline.errors import SetupError
 from pipeline.graph import ORDER, check_name
 from pipeline.progress import LogFormat, logs_to_file
-from pipeline.storage import Corpus, LayoutError
+from pipeline.corpus.storage import Corpus, LayoutError
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Prefect's and Dask's logs on the "
                                        "console too (by default they go to a file under the root).")]

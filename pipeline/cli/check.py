@@ -54,10 +54,10 @@ def check(
 def _check(cfg: Config, url: str) -> dict[str, Any]:
     from pipeline.buildplan import build_plan
     from pipeline.graph import ORDER
-    from pipeline.rootlock import RootLock, stale_reason
+    from pipeline.corpus.rootlock import RootLock, stale_reason
     from pipeline.setup import root_problem, stage_problems
     from pipeline.stages import parts
-    from pipeline.storage import Corpus, LayoutError
+    from pipeline.corpus.storage import Corpus, LayoutError
 
     corpus = Corpus(url)
     unreachable = root_problem(corpus)

@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import partsummary
+from pipeline.corpus import partsummary
 from pipeline.graph import family_lineage
 from pipeline.report.runs import build_timing, shard_listing, training_runs
 from pipeline.score_summary import score_summary
-from pipeline.storage import Corpus
-from pipeline.summary import summarize
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.summary import summarize
 
 # URLs, paths, hex ids and numbers: blanked so that alike errors group (RE2 syntax, for Arrow).
 _VARIABLE = re.compile(r"https?://\S+|/\S+|\b[0-9a-f]{8,}\b|\d+(\.\d+)?")

@@ -42,7 +42,7 @@ from pipeline.shards.parquet import part_name, write_part
 from pipeline.shards.renames import rename_old_parts
 from pipeline.shards.samples import Sample, batch_samples, feature_tables
 from pipeline.shards.webdataset import encode, record_bytes, tar_name, write_tar
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 
 def _cut_media(corpus: Corpus, cfg: Config, items: Sequence[Item],

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from pipeline.config import TrainConfig
 from pipeline.device import pick_device
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from pipeline.train import losses
 from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, concat_candidates, epoch_rng
 from pipeline.train.evaluation import (EvalOn, encode_all, evaluate_model, evaluation_pairs, mean_recall,

@@ -22,7 +22,7 @@ from pipeline.runner import StageContext, StageReport, run_stage
 from pipeline.score_summary import score_summary
 from pipeline.shards.stage import write_shards
 from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -12,8 +12,8 @@ from pipeline.align import Span, fixed_spans, split_for, subtitle_spans, whole_s
 from pipeline.config import AlignConfig, parse_config
 from pipeline.runner import run_stage
 from pipeline.stages import context
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 
 def spans(*times: tuple[float, float], text: str = "word") -> list[Span]:

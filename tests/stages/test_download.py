@@ -14,7 +14,7 @@ from pipeline.discover import discover
 from pipeline.media import probe
 from pipeline.runner import run_stage
 from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from pipeline.ytdlp import base_options, classify_message
 
 SECRET = "s3cret-pa55"

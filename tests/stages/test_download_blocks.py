@@ -21,7 +21,7 @@ from pipeline.config import parse_config
 from pipeline.discover import discover
 from pipeline.runner import run_stage
 from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from pipeline.discover import discover
 from pipeline.health import assess
 from pipeline.runner import error_row, run_stage
 from pipeline.stages import context
-from pipeline.status import network_down
-from pipeline.storage import Corpus
+from pipeline.corpus.status import network_down
+from pipeline.corpus.storage import Corpus
 
 
 @pytest.fixture(scope="module")

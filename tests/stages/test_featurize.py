@@ -23,8 +23,8 @@ from pipeline.ids import feature_key
 from pipeline.media import FrameRequest, FrameSpec, frame_times, sample_frames
 from pipeline.runner import run_stage
 from pipeline.stages import context
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 
@@ -119,7 +119,7 @@ from pipeline import featurize
 from pipeline.config import parse_config
 from pipeline.runner import run_stage
 from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 cfg = parse_config(json.loads(sys.argv[2]))
 stage = featurize.stages(cfg)[0]
 print(run_stage(stage, context(Corpus(sys.argv[1]), cfg), batch_size=stage.batch_size))

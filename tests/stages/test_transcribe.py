@@ -19,8 +19,8 @@ from pipeline.config import parse_config
 from pipeline.demo import DemoSite
 from pipeline.runner import run_stage
 from pipeline.stages import context
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 DATA = TESTS / "data" / "subtitles"

@@ -23,13 +23,13 @@ from pipeline.scoring import load_scorer, make_stage, unavailable
 from pipeline.shards import open_parquet, open_webdataset, write_shards
 from pipeline.shards.index import DROPPED, PartitionIndex
 from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from pipeline.train.evaluation import similarity_matrix
 from pipeline.train.loop import selected_checkpoint
 from pipeline.train.models import build_model
 from pipeline.train.pairs import PairSet
 from pipeline.train.run import evaluate_corpus, train_corpus
-from pipeline.validate import validate
+from pipeline.corpus.validate import validate
 
 CPU = torch.device("cpu")
 
@@ -150,7 +150,7 @@ def test_resumable_and_scored_again_for_a_retrained_model(trained, tmp_path):
 
 
 def test_status_counts_the_score_stage_last(trained, tmp_path):
-    from pipeline.status import corpus_status
+    from pipeline.corpus.status import corpus_status
 
     corpus = _copy(trained, tmp_path / "root")
     cfg = _config(tmp_path / "root")

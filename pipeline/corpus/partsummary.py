@@ -27,7 +27,7 @@ from typing import Any
 
 from pipeline import graph
 from pipeline.shards.index import INDEX_DIR
-from pipeline.storage import Corpus, partition_dir
+from pipeline.corpus.storage import Corpus, partition_dir
 
 SUMMARY_DIR = "_summaries"
 FORMAT = 1

@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import graph, partitions
-from pipeline.storage import LAYOUT_FILE, LAYOUT_VERSION, Corpus
-from pipeline.tablefile import MANIFEST_KEY, STATS_KEY
+from pipeline import graph
+from pipeline.corpus import partitions
+from pipeline.corpus.storage import LAYOUT_FILE, LAYOUT_VERSION, Corpus
+from pipeline.corpus.tablefile import MANIFEST_KEY, STATS_KEY
 from schemas.tables import key_column, schema_for
 
 # Error items of these stages are clips (their video decides the partition); discover's are

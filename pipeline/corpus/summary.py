@@ -7,9 +7,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from pipeline import partsummary
+from pipeline.corpus import partsummary
 from pipeline.progress import stdout_console
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 SECTION = "tables"
 

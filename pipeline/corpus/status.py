@@ -3,7 +3,7 @@
 The figures are the runner's own planning (``runner.key_sets``: input keys − done keys − final
 failures, with Arrow, over key columns), partition by partition, so status and a build agree on
 what is left and memory follows one partition, not the corpus. Each partition's figures are kept
-in its summary (pipeline/partsummary.py) and rescanned only where the partition's files or the
+in its summary (pipeline/corpus/partsummary.py) and rescanned only where the partition's files or the
 config changed since. Nothing is written and no lock is taken: status reads committed files
 only, as planning does, and may run while a build writes. A file that a compaction replaces
 between the listing and the read is read again from a fresh listing.
@@ -45,12 +45,13 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.table import Table
 
-from pipeline import graph, partitions, partsummary
+from pipeline import graph
+from pipeline.corpus import partitions, partsummary
 from pipeline.config import Config
 from pipeline.errors import ErrorKind
 from pipeline.runner import FINAL_KINDS, KeySets, Stage, StageContext, key_sets
 from pipeline.progress import stdout_console
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 # Final kinds first, then those a build tries again.
 KINDS: tuple[str, ...] = FINAL_KINDS + tuple(k.value for k in ErrorKind if k.value not in FINAL_KINDS)

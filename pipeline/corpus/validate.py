@@ -16,13 +16,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline import graph, partitions
+from pipeline import graph
+from pipeline.corpus import partitions
 from pipeline.errors import ErrorKind
-from pipeline.partsummary import WORKERS
-from pipeline.rootlock import RootLock
+from pipeline.corpus.partsummary import WORKERS
+from pipeline.corpus.rootlock import RootLock
 from pipeline.shards.verify import Damage, check_shards, take_out
-from pipeline.storage import Corpus, LayoutError
-from pipeline.tablefile import MANIFEST_KEY
+from pipeline.corpus.storage import Corpus, LayoutError
+from pipeline.corpus.tablefile import MANIFEST_KEY
 from schemas.tables import SCHEMA_VERSION, key_column, schema_for
 
 LIMIT = 20  # violations of one kind listed before "... and N more"

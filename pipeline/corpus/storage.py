@@ -9,7 +9,7 @@ files into one, whose footer lists the files it replaces: that one rename is the
 the replaced files are deleted after it (or by the next sweep).
 
 ``_corpus.json`` at the root records the layout version and the number of partitions. What a
-file holds (rows checked against the schema, the footer) is pipeline/tablefile.py.
+file holds (rows checked against the schema, the footer) is pipeline/corpus/tablefile.py.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from pipeline import graph, partitions
-from pipeline.tablefile import (
+from pipeline import graph
+from pipeline.corpus import partitions
+from pipeline.corpus.tablefile import (
     MANIFEST_KEY,
     REPLACES_KEY,
     batch_table,

@@ -2,7 +2,7 @@
 that makes the file its own record of what it committed. The footer holds the batch manifest
 (row and key counts, and the keys that produced no rows), per-item counters (such as drop
 reasons), and, for a compacted file, the files it replaces. Where files go and how they are
-committed atomically is the Corpus's business (pipeline/storage.py).
+committed atomically is the Corpus's business (pipeline/corpus/storage.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ next build's choice of partitions with work read it instead of the partition's f
 
 from __future__ import annotations
 
-from pipeline import partsummary, status, summary
+from pipeline.corpus import partsummary, status, summary
 from pipeline.report import stats as report_stats
 from pipeline.runner import StageContext
 
