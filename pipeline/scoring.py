@@ -122,7 +122,7 @@ def unavailable(corpus: Corpus, cfg: Config) -> str | None:
 
 @functools.lru_cache(maxsize=2)
 def _scorer(url: str, model: str, checkpoint: str, device: str) -> Any:
-    from pipeline.device import pick_device
+    from pipeline.models.device import pick_device
     from pipeline.train.scorer import MilNceScorer, TrainedScorer
 
     weights = milnce_weights(model)

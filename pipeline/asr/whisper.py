@@ -3,7 +3,7 @@
 `AsrConfig.model` is a local model directory (holding model.bin, config.json, tokenizer.json,
 vocabulary.*) or a model name (tiny, tiny.en, base, small, ..., or a Hugging Face id such as
 Systran/faster-whisper-small). A name is looked up in the Hugging Face cache, and downloaded into
-it on first use where that is allowed and the Hub answers (pipeline/modelcache.py); a model that
+it on first use where that is allowed and the Hub answers (pipeline/models/cache.py); a model that
 cannot be had is an AsrSetupError, within seconds, that says how to provide it.
 """
 
@@ -20,10 +20,10 @@ from faster_whisper.utils import download_model
 
 from pipeline.asr import SAMPLE_RATE, AsrSetupError
 from pipeline.config import AsrConfig
-from pipeline.device import pick_device
-from pipeline.hub import cache_folder, hub_model
+from pipeline.models.device import pick_device
+from pipeline.models.hub import cache_folder, hub_model
 from pipeline.media import read_wav
-from pipeline.modelcache import FETCH_HINT, Published, obtain
+from pipeline.models.cache import FETCH_HINT, Published, obtain
 from pipeline.segment import Word
 
 log = logging.getLogger(__name__)

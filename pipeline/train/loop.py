@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.config import TrainConfig
-from pipeline.device import pick_device
+from pipeline.models.device import pick_device
 from pipeline.corpus.storage import Corpus
 from pipeline.train import losses
 from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, concat_candidates, epoch_rng

@@ -1,5 +1,5 @@
 """Hugging Face models on this machine: found in the local Hub cache on disk alone, and
-downloaded into it on first use (pipeline/modelcache.py says when).
+downloaded into it on first use (pipeline/models/cache.py says when).
 
 Whether a model is cached is a question for the disk alone: asking the Hub libraries with the
 network allowed (or even only for their user-agent headers) waits on a Hub that cannot be
@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from functools import partial
 
-from pipeline.modelcache import Published
+from pipeline.models.cache import Published
 
 # local_files_only -> the snapshot folder (huggingface_hub's snapshot_download, or a library's
 # own wrapper of it, such as faster-whisper's download_model with its file patterns).

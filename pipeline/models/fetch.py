@@ -2,7 +2,7 @@
 libraries' caches ahead of a build, for clusters whose workers have no internet (fetch where
 the hubs are reachable, then share or copy the caches: ``TORCH_HOME``, ``HF_HOME``).
 
-A build downloads the same models on first use (pipeline/modelcache.py); this fetches them in
+A build downloads the same models on first use (pipeline/models/cache.py); this fetches them in
 the same way, the same lock included, but regardless of ``features.download_weights`` (the
 config's word on builds). The machine's offline switches still hold.
 """
@@ -15,7 +15,7 @@ from typing import Literal
 
 from pipeline.config import Config
 from pipeline.errors import SetupError
-from pipeline.modelcache import Published, obtain
+from pipeline.models.cache import Published, obtain
 from pipeline.setup import require_package
 
 
