@@ -29,7 +29,7 @@ from pipeline.corpus import retention
 from pipeline.config import Config
 from pipeline.runner import StageReport, run_partition
 from pipeline.shards.stage import listing_report
-from pipeline.stages import context, parts
+from pipeline.build.stages import context, parts
 from pipeline.corpus.status import Counts, idle_partitions
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.summarize_partition import store_summary

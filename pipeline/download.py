@@ -59,7 +59,7 @@ from pipeline.media import check_video
 from pipeline.outage import NetworkDown, Watch, network_down
 from pipeline.progress import log
 from pipeline.corpus.retention import needed_again
-from pipeline.setup import require_binaries
+from pipeline.build.setup import require_binaries
 from pipeline.runner import Item, Outcome, Stage, StageContext, StageReport, per_item, table_inputs
 from pipeline.corpus.storage import Corpus
 from pipeline.subtitles import check_size, read_cues

@@ -21,7 +21,7 @@ from pipeline.report import message_class, write_report
 from pipeline.runner import StageContext, StageReport, run_stage
 from pipeline.score_summary import score_summary
 from pipeline.shards.stage import write_shards
-from pipeline.stages import context
+from pipeline.build.stages import context
 from pipeline.corpus.storage import Corpus
 
 pytestmark = pytest.mark.slow

@@ -43,7 +43,7 @@ from pipeline.errors import BadInputError
 from pipeline.ids import video_id
 from pipeline.media import FrameRequest, FrameSpec, frame_times
 from pipeline.runner import Item, Stage, StageReport, run_stage
-from pipeline.stages import context
+from pipeline.build.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.subtitles import MAX_SUBTITLE_BYTES, subtitle_sentences
 

@@ -11,7 +11,7 @@ from pipeline import align, transcribe
 from pipeline.align import Span, fixed_spans, split_for, subtitle_spans, whole_span
 from pipeline.config import AlignConfig, parse_config
 from pipeline.runner import run_stage
-from pipeline.stages import context
+from pipeline.build.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 

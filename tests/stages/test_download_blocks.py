@@ -20,7 +20,7 @@ from pipeline import breaker, download, limits, transcribe
 from pipeline.config import parse_config
 from pipeline.discover import discover
 from pipeline.runner import run_stage
-from pipeline.stages import context
+from pipeline.build.stages import context
 from pipeline.corpus.storage import Corpus
 
 

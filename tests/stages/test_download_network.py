@@ -21,9 +21,9 @@ from resolverkit import resolver
 from pipeline import download, gone_hosts, limits, outage
 from pipeline.config import HealthConfig, parse_config
 from pipeline.discover import discover
-from pipeline.health import assess
+from pipeline.build.health import assess
 from pipeline.runner import error_row, run_stage
-from pipeline.stages import context
+from pipeline.build.stages import context
 from pipeline.corpus.status import network_down
 from pipeline.corpus.storage import Corpus
 

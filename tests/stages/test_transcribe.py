@@ -18,7 +18,7 @@ from pipeline import transcribe
 from pipeline.config import parse_config
 from pipeline.demo import DemoSite
 from pipeline.runner import run_stage
-from pipeline.stages import context
+from pipeline.build.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 

@@ -20,7 +20,7 @@ import stagekit
 from pipeline.corpus import partsummary
 from pipeline.config import parse_config
 from pipeline.runner import RetryPolicy, StageContext, run_stage
-from pipeline.stages import context
+from pipeline.build.stages import context
 from pipeline.corpus.status import corpus_status, idle_partitions
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.summarize_partition import store_summary
