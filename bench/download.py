@@ -13,7 +13,7 @@ from pathlib import Path
 
 from benchkit import mirror_pages
 
-from pipeline import download
+from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.demo import make_demo_media, serve_demo
 from pipeline.discover import discover

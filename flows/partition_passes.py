@@ -24,7 +24,7 @@ from flows.cluster_limits import cluster_backend
 from flows.build_progress import BuildProgress
 from flows.services import on_temporary_server
 from flows.shared import PREFECT
-from pipeline import limits
+from pipeline.download import limits
 from pipeline.corpus import retention
 from pipeline.config import Config
 from pipeline.runner import StageReport, run_partition

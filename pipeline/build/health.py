@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import HealthConfig
-from pipeline.outage import network_down
+from pipeline.download.outage import network_down
 
 
 @dataclass

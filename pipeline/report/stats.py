@@ -97,7 +97,7 @@ def _read(corpus: Corpus, table: str, columns: list[str], partition: str) -> pa.
 
 
 def download_runs(corpus: Corpus) -> list[dict[str, Any]]:
-    """The figures each download run left in ``runs/download/`` (pipeline/download.py), oldest
+    """The figures each download run left in ``runs/download/`` (pipeline/download/stage.py), oldest
     first: downloads per minute, pauses for blocks, outcomes by kind."""
     paths = sorted(corpus.fs.glob(corpus.path("runs/download/*.json")))
     return [json.loads(corpus.fs.cat(path)) for path in paths]

@@ -36,7 +36,8 @@ from conftest import require_binaries
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import align, download, featurize, transcribe
+from pipeline import align, featurize, transcribe
+from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.discover import discover, id_for_url
 from pipeline.errors import BadInputError

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, dask_cluster, require_binaries
-from pipeline import download
+from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.demo import serve_demo
 from pipeline.discover import discover

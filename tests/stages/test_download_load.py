@@ -8,7 +8,7 @@ import pytest
 
 from conftest import require_binaries
 from flakyserver import flaky_server, tiny_mp4
-from pipeline import download
+from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.discover import discover
 from pipeline.runner import run_stage

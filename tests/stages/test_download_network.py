@@ -18,7 +18,7 @@ import pytest
 from conftest import require_binaries
 from flakyserver import flaky_server, tiny_mp4
 from resolverkit import resolver
-from pipeline import download, gone_hosts, limits, outage
+from pipeline.download import stage as download, gone_hosts, limits, outage
 from pipeline.config import HealthConfig, parse_config
 from pipeline.discover import discover
 from pipeline.build.health import assess

@@ -27,7 +27,7 @@ from pipeline.errors import (
     network_failure,
 )
 from pipeline.progress import log
-from pipeline.ytdlp_args import browser_cookies, extractor_args, preset_options
+from pipeline.download.ytdlp_args import browser_cookies, extractor_args, preset_options
 
 # yt-dlp messages, most specific first. The YouTube ones are those of
 # yt_dlp/extractor/youtube/_video.py (`_real_extract`, `_extract_player_responses`), which pass
@@ -62,7 +62,7 @@ _FORBIDDEN = re.compile(r"HTTP Error 403", re.I)
 
 class ForbiddenError(PermanentError):
     """HTTP 403: an expired signed URL, the video's own refusal, or, when it repeats across
-    videos, a block. Permanent for discover; download decides with pipeline/breaker.py."""
+    videos, a block. Permanent for discover; download decides with pipeline/download/breaker.py."""
 
 
 def classify_message(message: str) -> ErrorKind:

@@ -6,13 +6,13 @@ The file is checked before the row counts as done; a bad file is removed and bec
 row. An HTTP 403 is extracted again once (signed media URLs expire).
 
 Politeness and blocks, shared by every worker and build once flows/ installs Prefect's backend
-(pipeline.limits): each download waits for the breaker (pipeline/breaker.py) and a turn of
+(pipeline.download.limits): each download waits for the breaker (pipeline/download/breaker.py) and a turn of
 ``download.rate_limit``, and holds a slot of ``download.per_host`` and of
 ``download.concurrency``. A video refused because the session is blocked waits out the pause
 and is tried again; a block longer than ``download.max_block_s`` stops the stage with the
 videos not downloaded left to do. The network being down pauses and stops downloads the same
-way (pipeline/outage.py, ``download.max_outage_s``), and a host whose name stops resolving is
-judged gone only from evidence across runs (pipeline/gone_hosts.py). Each run's figures land
+way (pipeline/download/outage.py, ``download.max_outage_s``), and a host whose name stops resolving is
+judged gone only from evidence across runs (pipeline/download/gone_hosts.py). Each run's figures land
 in ``runs/download/`` for the report.
 """
 
@@ -37,8 +37,8 @@ from urllib.parse import unquote, urlsplit
 import pyarrow.dataset as ds
 from yt_dlp.utils import download_range_func
 
-from pipeline import gone_hosts, limits
-from pipeline.breaker import Gate, Policy, Ticket
+from pipeline.download import gone_hosts, limits
+from pipeline.download.breaker import Gate, Policy, Ticket
 from pipeline.config import Config, DownloadConfig
 from pipeline.discover.filters import scheme_problem
 from pipeline.errors import (
@@ -56,14 +56,14 @@ from pipeline.errors import (
 )
 from pipeline.ids import safe_id
 from pipeline.media import check_video
-from pipeline.outage import NetworkDown, Watch, network_down
+from pipeline.download.outage import NetworkDown, Watch, network_down
 from pipeline.progress import log
 from pipeline.corpus.retention import needed_again
 from pipeline.build.setup import require_binaries
 from pipeline.runner import Item, Outcome, Stage, StageContext, StageReport, per_item, table_inputs
 from pipeline.corpus.storage import Corpus
 from pipeline.subtitles import check_size, read_cues
-from pipeline.ytdlp import Egress, ForbiddenError, base_options, download, egresses
+from pipeline.download.ytdlp import Egress, ForbiddenError, base_options, download, egresses
 
 SIDECAR_EXTENSIONS = (".vtt", ".srt")
 
@@ -275,7 +275,7 @@ def _fetch(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch) -> Out
     try:
         info, opts, dropped = _download(row, cfg, workdir, batch)
     except NetworkError as exc:
-        if name_not_found(str(exc)):  # judged once the batch is over (pipeline/gone_hosts.py)
+        if name_not_found(str(exc)):  # judged once the batch is over (pipeline/download/gone_hosts.py)
             batch.unresolved[vid] = (urlsplit(row["url"]).hostname or "none", batch.watch.clock())
         raise
     for note in dropped:

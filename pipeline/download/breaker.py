@@ -11,7 +11,7 @@ succeeds again (the first refusal after a cool-down trips it again at once). A d
 the first egress that is not cooling down, so a blocked proxy is rotated out; when all of them
 are, downloads wait.
 
-The states live in a store of pipeline.limits, shared by every worker and build that name the
+The states live in a store of pipeline.download.limits, shared by every worker and build that name the
 same ``download.concurrency_limit`` once flows/ installs Prefect's.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import ErrorKind, StageStopped
-from pipeline.limits import State, Store
+from pipeline.download.limits import State, Store
 from pipeline.progress import log
 
 PAUSES_KEPT = 20  # per egress: a store entry stays small

@@ -1,6 +1,6 @@
 """The network watch of downloads: when downloads fail on the network one after the other (no
 name resolves, connections refused or timing out), the network is taken as down. Every download
-then pauses, as for a block (pipeline/breaker.py): the videos wait instead of failing, a
+then pauses, as for a block (pipeline/download/breaker.py): the videos wait instead of failing, a
 download is let through after each cool-down to probe, the cool-down doubles while the probes
 fail, and an outage longer than ``download.max_outage_s`` stops the stage in one line, with the
 videos not downloaded left to do and no errors rows for them.
@@ -8,7 +8,7 @@ videos not downloaded left to do and no errors rows for them.
 The network is down when ``threshold`` different videos failed on it with no download reaching
 a site in between (within ``window_s``), unless they all failed on one host while another host
 was reached last: that is the host's trouble (a domain gone, a server down), not the network's,
-and its videos fail on their own. The state lives in a store of pipeline.limits, shared like the
+and its videos fail on their own. The state lives in a store of pipeline.download.limits, shared like the
 breaker's by every worker and build that name the same ``download.concurrency_limit``.
 """
 
@@ -21,9 +21,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from pipeline.breaker import OK_EVERY_S, POLL_S, Policy, duration, paused, recent_events, tripped, video_tag
+from pipeline.download.breaker import OK_EVERY_S, POLL_S, Policy, duration, paused, recent_events, tripped, video_tag
 from pipeline.errors import NetworkError, StageError, StageStopped
-from pipeline.limits import State, Store
+from pipeline.download.limits import State, Store
 from pipeline.progress import log
 
 _KEY = "network"
