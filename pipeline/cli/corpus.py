@@ -18,7 +18,8 @@ def status(
                                                               "the extractors), or a config file.")],
     root: Root = None,
     by_partition: Annotated[bool, typer.Option("--partitions", help="Figures per partition too.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object (shape: pipeline/corpus/status.py).")] = False,
+    json_out: Annotated[bool, typer.Option("--json",
+                                           help="One JSON object (shape: pipeline/corpus/status.py).")] = False,
 ) -> None:
     """Per stage: items upstream, done, failed by kind, to do; read-only, safe during a build."""
     from pipeline.corpus.status import corpus_status, print_status
