@@ -1,5 +1,7 @@
 """Download: videos in; media/, subs/ and one ``downloads`` row per video out.
 
+- files.py: what one video's download leaves on disk (options, subtitle tracks, media, caps),
+  and a folder source's files
 - stage.py: the stage: a batch of videos through the breaker, the network watch and the
   download slots; HTTP 403s and hosts that did not resolve judged once the batch is over
 - ytdlp.py: what discover and download share about yt-dlp: options, egresses, logging, and

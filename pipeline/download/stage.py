@@ -3,7 +3,9 @@
 One yt-dlp extraction per video fetches the media and its subtitles together (manual first,
 auto as fallback; a track that fails to download or to read is dropped for the next choice).
 The file is checked before the row counts as done; a bad file is removed and becomes an errors
-row. An HTTP 403 is extracted again once (signed media URLs expire).
+row. An HTTP 403 is extracted again once (signed media URLs expire). What one video's download
+leaves on disk (the call's options, its subtitle tracks, the media file, the caps on size and
+time) and a folder source's files are in pipeline/download/files.py.
 
 Politeness and blocks, shared by every worker and build once flows/ installs Prefect's backend
 (pipeline.download.limits): each download waits for the breaker (pipeline/download/breaker.py) and a turn of
@@ -18,7 +20,6 @@ in ``runs/download/`` for the report.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import posixpath
@@ -30,23 +31,37 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import pyarrow.dataset as ds
-from yt_dlp.utils import download_range_func
 
+from pipeline.build.setup import require_binaries
+from pipeline.config import Config, DownloadConfig
+from pipeline.corpus.retention import needed_again
+from pipeline.corpus.storage import Corpus
+from pipeline.discover.filters import scheme_problem
 from pipeline.download import gone_hosts, limits
 from pipeline.download.breaker import Gate, Policy, Ticket
-from pipeline.config import Config, DownloadConfig
-from pipeline.discover.filters import scheme_problem
+from pipeline.download.files import (
+    Caps,
+    DownloadTooSlow,
+    FileTooLarge,
+    file_path,
+    local_file,
+    media_path,
+    remove_files,
+    subtitle_rows,
+    unreadable_subtitles,
+    ytdlp_options,
+)
+from pipeline.download.outage import NetworkDown, Watch, network_down
+from pipeline.download.ytdlp import ForbiddenError, download, egresses
 from pipeline.errors import (
     BadInputError,
     BlockedError,
     ErrorKind,
     NetworkError,
-    PermanentError,
     SetupError,
     StageStopped,
     classify,
@@ -56,129 +71,8 @@ from pipeline.errors import (
 )
 from pipeline.ids import safe_id
 from pipeline.media import check_video
-from pipeline.download.outage import NetworkDown, Watch, network_down
 from pipeline.progress import log
-from pipeline.corpus.retention import needed_again
-from pipeline.build.setup import require_binaries
 from pipeline.runner import Item, Outcome, Stage, StageContext, StageReport, per_item, table_inputs
-from pipeline.corpus.storage import Corpus
-from pipeline.subtitles import check_size, read_cues
-from pipeline.download.ytdlp import Egress, ForbiddenError, base_options, download, egresses
-
-SIDECAR_EXTENSIONS = (".vtt", ".srt")
-
-
-def ytdlp_options(cfg: Config, workdir: str, vid: str, row: dict[str, Any],
-                  egress: Egress | None = None) -> dict[str, Any]:
-    """Options of the one yt-dlp call for a video: media + subtitles, named by video_id only."""
-    dl = cfg.download
-    opts = base_options(dl, egress) | {
-        "format": dl.format,
-        "outtmpl": {
-            "default": f"{workdir}/media/{vid}.%(ext)s",
-            "subtitle": f"{workdir}/subs/{vid}.%(ext)s",
-        },
-        "writesubtitles": dl.manual_subtitles,
-        "writeautomaticsub": dl.auto_subtitles,
-        "subtitleslangs": dl.subtitle_langs,
-        "subtitlesformat": "vtt/best",
-        "merge_output_format": "mp4",
-        "continuedl": True,
-        "overwrites": False,
-    }
-    if urlsplit(row["url"]).scheme.lower() == "file":
-        # Only a file:// URL the list itself names (its scheme passed download.allowed_schemes):
-        # pages fetched over the web never get to read local files.
-        opts["enable_file_urls"] = True
-    start, end = row.get("start_s"), row.get("end_s")
-    if dl.partial and start is not None and end is not None:
-        pad = dl.section_padding_s
-        opts["download_ranges"] = download_range_func(None, [(max(0.0, start - pad), end + pad)])
-    return opts
-
-
-def _subtitle_path(workdir: str, vid: str, lang: str, sub: dict[str, Any]) -> str:
-    # yt-dlp reports the path before its final move into the "subtitle" template's folder.
-    return os.path.join(workdir, "subs", f"{vid}.{lang}.{sub.get('ext', 'vtt')}")
-
-
-def _unreadable_subtitles(info: dict[str, Any], workdir: str, vid: str) -> dict[str, str]:
-    """{lang: why} of the downloaded tracks that do not read as subtitles; their files go."""
-    bad = {}
-    for lang, sub in (info.get("requested_subtitles") or {}).items():
-        path = _subtitle_path(workdir, vid, lang, sub)
-        if not os.path.exists(path):
-            continue
-        try:
-            check_size(os.path.getsize(path))
-            read_cues(Path(path).read_bytes())
-        except BadInputError as exc:
-            os.remove(path)
-            bad[lang] = str(exc)
-    return bad
-
-
-def _subtitle_rows(info: dict[str, Any], workdir: str, vid: str) -> list[dict[str, str]]:
-    manual = set(info.get("subtitles") or {})
-    rows = []
-    for lang, sub in sorted((info.get("requested_subtitles") or {}).items()):
-        path = _subtitle_path(workdir, vid, lang, sub)
-        if os.path.exists(path):
-            rows.append({"lang": lang, "kind": "manual" if lang in manual else "auto",
-                         "path": os.path.relpath(path, workdir)})
-    return rows
-
-
-def _media_path(info: dict[str, Any], notes: Sequence[str] = ()) -> str:
-    downloads = info.get("requested_downloads") or []
-    path = (downloads[0].get("filepath") if downloads else None) or info.get("filepath")
-    if not path or not os.path.exists(path):
-        # yt-dlp skips a file over max_filesize (as the server declares it) without an error.
-        raise BadInputError(f"not downloaded: {notes[-1]}" if notes else "yt-dlp reported no media file")
-    return path
-
-
-class FileTooLarge(BadInputError):
-    """The video's files grew past ``download.max_filesize_mb``: the same on every try."""
-
-
-class DownloadTooSlow(PermanentError):
-    """Still transferring after ``download.timeout_s``; ``--retry-failed`` tries it again."""
-
-
-class _Caps:
-    """A yt-dlp progress hook that stops a download past ``download.max_filesize_mb`` (all files
-    of the video together) or transferring for longer than ``download.timeout_s`` (from its
-    first block on). yt-dlp checks the size only when the server declares it, and its socket
-    timeout catches a server that goes silent, not one that trickles; this hook sees every
-    block received."""
-
-    def __init__(self, cfg: DownloadConfig) -> None:
-        self.max_mb = cfg.max_filesize_mb
-        self.timeout_s = cfg.timeout_s
-        self.start: float | None = None
-        self.received: dict[str, int] = {}
-        self.files: set[str] = set()  # every file written, partial ones included
-
-    def __call__(self, status: dict[str, Any]) -> None:
-        names = [status.get("tmpfilename"), status.get("filename")]
-        self.files.update(name for name in names if name)
-        self.received[status.get("filename") or ""] = status.get("downloaded_bytes") or 0
-        total = sum(self.received.values())
-        if self.max_mb is not None and total > self.max_mb * 1024 * 1024:
-            raise FileTooLarge(f"media is larger than download.max_filesize_mb ({self.max_mb:g} MB): "
-                               f"stopped after {total} bytes")
-        if self.start is None:
-            self.start = time.monotonic()
-        elif time.monotonic() - self.start > self.timeout_s:
-            raise DownloadTooSlow(f"download took longer than download.timeout_s "
-                                  f"({self.timeout_s:g} s): stopped after {total} bytes")
-
-
-def _remove(paths: Sequence[str]) -> None:
-    for path in paths:
-        if path and os.path.exists(path):
-            os.remove(path)
 
 
 @dataclass
@@ -237,17 +131,17 @@ def _download(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch
             batch.watch.admit()
             ticket = batch.gate.admit()
             opts = ytdlp_options(cfg, workdir, vid, row, by_key[ticket.egress])
-            caps = _Caps(dl)
+            caps = Caps(dl)
             opts["progress_hooks"] = [caps]
             # Leaving it, a network failure is recorded, and swallowed when the network is now
             # down: the loop then goes again once it is back (a network outage is no verdict).
             with batch.watch.attempt(vid, host, ticket.admitted):
                 try:
                     info, dropped = download(row["url"], opts,
-                                             lambda got: _unreadable_subtitles(got, workdir, vid))
+                                             lambda got: unreadable_subtitles(got, workdir, vid))
                 except (FileTooLarge, DownloadTooSlow):
                     # Nothing to resume: the next try would stop at the same cap.
-                    _remove(sorted(caps.files | {f"{name}.part" for name in caps.files}))
+                    remove_files(sorted(caps.files | {f"{name}.part" for name in caps.files}))
                     raise
                 except BlockedError:
                     batch.refusals[vid] += 1
@@ -280,12 +174,12 @@ def _fetch(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch) -> Out
         raise
     for note in dropped:
         log.warning("%s: %s; the next subtitle source is used", vid, note)
-    media = _media_path(info, opts["logger"].notes)
-    subs = _subtitle_rows(info, workdir, vid)
+    media = media_path(info, opts["logger"].notes)
+    subs = subtitle_rows(info, workdir, vid)
     try:
         probe = check_video(media)
     except BadInputError:
-        _remove([media] + [os.path.join(workdir, s["path"]) for s in subs])
+        remove_files([media] + [os.path.join(workdir, s["path"]) for s in subs])
         raise
     result = {
         "video_id": vid,
@@ -302,40 +196,6 @@ def _fetch(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch) -> Out
         "downloaded_at": datetime.now(UTC),
     }
     return Outcome(vid, rows=[result], stats={"subtitles_dropped": len(dropped)} if dropped else {})
-
-
-def _file_path(row: dict[str, Any]) -> str:
-    return unquote(urlsplit(row["url"]).path)
-
-
-def _local(row: dict[str, Any]) -> dict[str, Any]:
-    """A file already on disk (folder source): referenced in place, with its sidecars."""
-    path = _file_path(row)
-    if not os.path.isfile(path):
-        raise PermanentError(f"file not found: {path}")
-    probe = check_video(path)
-    stem = os.path.splitext(path)[0]
-    subs = []
-    # Escaped: a name like "tour [2019].mp4" is no pattern.
-    for candidate in sorted(Path(path).parent.glob(glob.escape(Path(stem).name) + ".*")):
-        name = candidate.name[len(Path(stem).name):]  # ".en.vtt" or ".srt"
-        if candidate.suffix.lower() in SIDECAR_EXTENSIONS:
-            lang = name[1:].rsplit(".", 1)[0] if name.count(".") > 1 else "und"
-            subs.append({"lang": lang, "kind": "manual", "path": str(candidate)})
-    return {
-        "video_id": row["video_id"],
-        "media_path": path,
-        "subtitles": subs,
-        "format_id": None,
-        "width": probe.width,
-        "height": probe.height,
-        "fps": probe.fps,
-        "duration_s": probe.duration_s,
-        "bytes": os.path.getsize(path),
-        "has_audio": probe.has_audio,
-        "status": "ok",
-        "downloaded_at": datetime.now(UTC),
-    }
 
 
 def _upload(corpus: Corpus, workdir: str, result: dict[str, Any]) -> None:
@@ -381,12 +241,12 @@ def download_one(item: Item, ctx: StageContext, batch: _Batch) -> Outcome:
     problem = scheme_problem(row["url"], cfg.download.allowed_schemes, row["source"])
     if problem:
         raise BadInputError(problem)
-    folders = [os.path.dirname(_file_path(row))] if row["source"] == "folder" else []
+    folders = [os.path.dirname(file_path(row))] if row["source"] == "folder" else []
     if ctx.corpus.is_local:
         folders.append(ctx.corpus.local_path())
     with _paths_relative(folders):
         if row["source"] == "folder":
-            return Outcome(item.key, rows=[_local(row)])
+            return Outcome(item.key, rows=[local_file(row)])
         return _fetched(row, ctx, batch)
 
 
