@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from pipeline import align, discover, featurize, scoring, transcribe
+from pipeline import align, discover, featurize, scoring
+from pipeline.transcribe import stage as transcribe
 from pipeline.download import stage as download
 from pipeline.corpus import retention
 from pipeline.config import Config

@@ -22,7 +22,7 @@ from pipeline.config import Config, DownloadConfig
 from pipeline.download.ytdlp import Egress, base_options
 from pipeline.errors import BadInputError, PermanentError
 from pipeline.media import check_video
-from pipeline.subtitles import check_size, read_cues
+from pipeline.transcribe.subtitles import check_size, read_cues
 
 SIDECAR_EXTENSIONS = (".vtt", ".srt")
 

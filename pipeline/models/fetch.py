@@ -40,7 +40,7 @@ def needed(cfg: Config) -> Iterator[tuple[str, Published | SetupError]]:
     if "asr" in cfg.transcribe.prefer and asr.backend == "faster-whisper":
         try:
             require_package("faster_whisper", "the faster-whisper ASR backend")
-            from pipeline.asr.whisper import published_model
+            from pipeline.transcribe.asr.whisper import published_model
 
             model = published_model(asr.model)
         except SetupError as exc:

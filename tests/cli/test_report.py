@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from pipeline import align, transcribe
+from pipeline import align
+from pipeline.transcribe import stage as transcribe
 from pipeline.config import parse_config
 from pipeline.report import message_class, write_report
 from pipeline.runner import StageContext, StageReport, run_stage

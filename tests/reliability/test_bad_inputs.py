@@ -36,7 +36,8 @@ from conftest import require_binaries
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import align, featurize, transcribe
+from pipeline import align, featurize
+from pipeline.transcribe import stage as transcribe
 from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.discover import discover, id_for_url
@@ -46,7 +47,7 @@ from pipeline.media import FrameRequest, FrameSpec, frame_times
 from pipeline.runner import Item, Stage, StageReport, run_stage
 from pipeline.build.stages import context
 from pipeline.corpus.storage import Corpus
-from pipeline.subtitles import MAX_SUBTITLE_BYTES, subtitle_sentences
+from pipeline.transcribe.subtitles import MAX_SUBTITLE_BYTES, subtitle_sentences
 
 FINAL = ("bad_input", "permanent")
 VTT = ("WEBVTT\n\n00:00:00.200 --> 00:00:01.400\nHere is the kitchen.\n\n"

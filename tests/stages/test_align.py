@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from pipeline import align, transcribe
+from pipeline import align
+from pipeline.transcribe import stage as transcribe
 from pipeline.align import Span, fixed_spans, split_for, subtitle_spans, whole_span
 from pipeline.config import AlignConfig, parse_config
 from pipeline.runner import run_stage

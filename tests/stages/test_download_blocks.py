@@ -16,7 +16,7 @@ import pytest
 
 from conftest import require_binaries
 from flakyserver import Block, flaky_server, forward_proxy, tiny_mp4
-from pipeline import transcribe
+from pipeline.transcribe import stage as transcribe
 from pipeline.download import breaker, stage as download, limits
 from pipeline.config import parse_config
 from pipeline.discover import discover

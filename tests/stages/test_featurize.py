@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from pipeline import align, featurize, transcribe
+from pipeline import align, featurize
+from pipeline.transcribe import stage as transcribe
 from pipeline.config import parse_config
 from pipeline.demo import COLOURS, DemoSite
 from pipeline.ids import feature_key

@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from pipeline import align, transcribe
+from pipeline import align
+from pipeline.transcribe import stage as transcribe
 from pipeline.config import parse_config
 from pipeline.ids import batch_name
 from pipeline.runner import run_partition, run_stage

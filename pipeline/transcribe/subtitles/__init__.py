@@ -6,7 +6,7 @@
   captions, and words to sentences
 """
 
-from pipeline.subtitles.parse import (
+from pipeline.transcribe.subtitles.parse import (
     MAX_SUBTITLE_BYTES,
     Cue,
     Format,
@@ -14,7 +14,7 @@ from pipeline.subtitles.parse import (
     decode_subtitle_bytes,
     read_cues,
 )
-from pipeline.subtitles.words import Layout, cue_words, is_rolling, rolling_words, subtitle_sentences
+from pipeline.transcribe.subtitles.words import Layout, cue_words, is_rolling, rolling_words, subtitle_sentences
 
 __all__ = ["MAX_SUBTITLE_BYTES", "Cue", "Format", "Layout", "check_size", "cue_words",
            "decode_subtitle_bytes", "is_rolling", "read_cues", "rolling_words",

@@ -18,13 +18,13 @@ from faster_whisper import WhisperModel, available_models
 from faster_whisper import utils as whisper_utils
 from faster_whisper.utils import download_model
 
-from pipeline.asr import SAMPLE_RATE, AsrSetupError
+from pipeline.transcribe.asr import SAMPLE_RATE, AsrSetupError
 from pipeline.config import AsrConfig
 from pipeline.models.device import pick_device
 from pipeline.models.hub import cache_folder, hub_model
 from pipeline.media import read_wav
 from pipeline.models.cache import FETCH_HINT, Published, obtain
-from pipeline.segment import Word
+from pipeline.transcribe.segment import Word
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.config import SentenceConfig
-from pipeline.segment import Sentence, Word, split_sentences
-from pipeline.subtitles.parse import INLINE_TIMESTAMP, Cue, Format, read_cues, timestamp_ms
+from pipeline.transcribe.segment import Sentence, Word, split_sentences
+from pipeline.transcribe.subtitles.parse import INLINE_TIMESTAMP, Cue, Format, read_cues, timestamp_ms
 
 Layout = Literal["rolling", "cues"]
 

@@ -13,14 +13,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pipeline.asr import AsrBackend, get_backend, transcribe_media
+from pipeline.transcribe.asr import AsrBackend, get_backend, transcribe_media
 from pipeline.config import AsrConfig, Config, QualityConfig, TranscribeConfig
 from pipeline.errors import BadInputError, StageError
 from pipeline.progress import log
 from pipeline.runner import Item, Stage, StageContext, per_item, table_inputs
-from pipeline.segment import Sentence, split_sentences
+from pipeline.transcribe.segment import Sentence, split_sentences
 from pipeline.corpus.storage import Corpus
-from pipeline.subtitles import check_size, subtitle_sentences
+from pipeline.transcribe.subtitles import check_size, subtitle_sentences
 
 SUBTITLE_SUFFIXES = (".vtt", ".srt")
 

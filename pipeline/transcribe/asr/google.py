@@ -38,10 +38,10 @@ from google.api_core.client_options import ClientOptions
 from google.api_core.future import polling
 from google.cloud import speech_v1 as speech
 
-from pipeline.asr import SAMPLE_RATE, AsrSetupError
+from pipeline.transcribe.asr import SAMPLE_RATE, AsrSetupError
 from pipeline.config import AsrConfig, GoogleAsrConfig
 from pipeline.errors import BadInputError, PermanentError, StageError, TransientError
-from pipeline.segment import Word
+from pipeline.transcribe.segment import Word
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 from pipeline.config import AsrConfig
 from pipeline.errors import SetupError
 from pipeline.media import extract_audio
-from pipeline.segment import Word
+from pipeline.transcribe.segment import Word
 from pipeline.build.setup import require_package
 
 SAMPLE_RATE = 16000  # every backend gets mono 16-bit PCM at this rate
@@ -42,12 +42,12 @@ def get_backend(cfg: AsrConfig) -> AsrBackend:
     missing model fails before any item is processed)."""
     if cfg.backend == "faster-whisper":
         require_package("faster_whisper", "the faster-whisper ASR backend")
-        from pipeline.asr.whisper import WhisperBackend
+        from pipeline.transcribe.asr.whisper import WhisperBackend
 
         return WhisperBackend(cfg)
     if cfg.backend == "google":
         require_package("google.cloud.speech", "the google ASR backend")
-        from pipeline.asr.google import GoogleBackend
+        from pipeline.transcribe.asr.google import GoogleBackend
 
         return GoogleBackend(cfg)
     raise AsrSetupError(f"unknown ASR backend {cfg.backend!r}; known: faster-whisper, google")
