@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from benchkit import make_test_video, pyav_decode
 
-from pipeline import featurize
+from pipeline.featurize import stage as featurize
 from pipeline.config import Config, parse_config
 from pipeline.features.extract import _host_buffer, decode_processes, extractor_for
 from pipeline.ids import clip_id

@@ -50,7 +50,7 @@ from noisy_pairs import config as bench_config  # noqa: E402
 
 from pipeline.config import Config, load_config, parse_config  # noqa: E402
 from pipeline.runner import run_stage  # noqa: E402
-from pipeline.scoring import make_stage  # noqa: E402
+from pipeline.score.stage import make_stage  # noqa: E402
 from pipeline.shards import open_parquet, write_shards  # noqa: E402
 from pipeline.build.stages import context  # noqa: E402
 from pipeline.corpus.storage import Corpus  # noqa: E402

@@ -47,7 +47,7 @@ from pipeline.build.health import assess
 from pipeline.graph import AFTER_TRAIN, ORDER, SPECS, check_name, stages_until
 from pipeline.corpus.rootlock import Holder, root_lock
 from pipeline.runner import run_step
-from pipeline.scoring import unavailable as score_unavailable
+from pipeline.score.stage import unavailable as score_unavailable
 from pipeline.build.stages import check_build, context, parts
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.summary import summarize

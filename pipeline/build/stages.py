@@ -11,7 +11,10 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from pipeline import align, discover, featurize, scoring
+from pipeline import discover
+from pipeline.align import stage as align
+from pipeline.featurize import stage as featurize
+from pipeline.score import stage as scoring
 from pipeline.transcribe import stage as transcribe
 from pipeline.download import stage as download
 from pipeline.corpus import retention

@@ -97,7 +97,7 @@ def build(
 def _time_setup(summary: dict) -> None:
     """The command's seconds before the build's work began (imports, Prefect's server, the Dask
     cluster, the flow run) and of the work, beside the work's own start and end."""
-    from pipeline.started import process_started_at
+    from pipeline.cli.started import process_started_at
 
     timing = summary.get("timing")
     if timing:

@@ -164,7 +164,7 @@ def status_key(corpus: Corpus, cfg: Config) -> str:
     the stages and what they must do again (not those of how a build runs, what it discovers or
     how it downloads, so that a config tuned between builds keeps the summaries), and the score
     model's weights (a new model's clips are scored again)."""
-    from pipeline.scoring import checkpoint_id
+    from pipeline.score.stage import checkpoint_id
 
     settings = cfg.model_dump(mode="json", exclude=_NOT_IN_STATUS)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from pipeline.corpus import partsummary
 from pipeline.graph import family_lineage
 from pipeline.report.runs import build_timing, shard_listing, training_runs
-from pipeline.score_summary import score_summary
+from pipeline.report.scores import score_summary
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.summary import summarize
 

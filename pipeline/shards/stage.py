@@ -32,7 +32,7 @@ import pyarrow.dataset as ds
 from pipeline import graph
 from pipeline.config import Config
 from pipeline.errors import BadInputError
-from pipeline.featurize import clips_with_media
+from pipeline.featurize.stage import clips_with_media
 from pipeline.media import ClipCut, cut_videos
 from pipeline.runner import Item, Outcome, Stage, StageContext, final_errors, run_partition
 from pipeline.build.setup import require_binaries

@@ -26,7 +26,7 @@ from pipeline import graph
 from pipeline.corpus import partsummary, summary
 from pipeline.config import Config, TrainConfig
 from pipeline.ids import feature_key
-from pipeline.scoring import trained_checkpoint_id
+from pipeline.score.stage import trained_checkpoint_id
 from pipeline.corpus.storage import Corpus
 
 RECORD = "trained_on.json"

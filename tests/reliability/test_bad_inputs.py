@@ -36,7 +36,8 @@ from conftest import require_binaries
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import align, featurize
+from pipeline.align import stage as align
+from pipeline.featurize import stage as featurize
 from pipeline.transcribe import stage as transcribe
 from pipeline.download import stage as download
 from pipeline.config import parse_config

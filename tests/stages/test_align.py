@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from pipeline import align
+from pipeline.align import stage as align
 from pipeline.transcribe import stage as transcribe
-from pipeline.align import Span, fixed_spans, split_for, subtitle_spans, whole_span
+from pipeline.align.stage import Span, fixed_spans, split_for, subtitle_spans, whole_span
 from pipeline.config import AlignConfig, parse_config
 from pipeline.runner import run_stage
 from pipeline.build.stages import context

@@ -15,7 +15,7 @@ from pipeline.config import load_config, parse_config
 from pipeline.discover import discover, id_for_url, queries
 from pipeline.build.stages import context
 from pipeline.corpus.storage import Corpus
-from pipeline.urls import canonical_url
+from pipeline.discover.urls import canonical_url
 
 DATA = TESTS / "data"
 CONFIGS = ROOT / "configs"

@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from pipeline import align, featurize
+from pipeline.align import stage as align
+from pipeline.featurize import stage as featurize
 from pipeline.transcribe import stage as transcribe
 from pipeline.config import parse_config
 from pipeline.demo import COLOURS, DemoSite
@@ -116,7 +117,7 @@ def test_missing_media_is_an_error_row(demo_corpus, tmp_path):
 SCRIPT = """
 import json
 import sys
-from pipeline import featurize
+from pipeline.featurize import stage as featurize
 from pipeline.config import parse_config
 from pipeline.runner import run_stage
 from pipeline.build.stages import context

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from pipeline import align
+from pipeline.align import stage as align
 from pipeline.transcribe import stage as transcribe
 from pipeline.config import parse_config
 from pipeline.ids import batch_name

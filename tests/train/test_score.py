@@ -1,4 +1,4 @@
-"""The score stage (pipeline/scoring.py, pipeline/train/scorer.py) and the shards it filters:
+"""The score stage (pipeline/score/stage.py, pipeline/train/scorer.py) and the shards it filters:
 one row per clip with its similarity, its rank among its video's sentences and WAL-att-adv's
 P(aligned); resumable, redone for a retrained model; the MIL-NCE checkpoint's two towers; shards
 that carry the score and leave clips out by it in both formats; a self-training round on a
@@ -19,7 +19,7 @@ import trainkit
 from pipeline.config import ConfigError, parse_config
 from pipeline.errors import SetupError
 from pipeline.runner import plan_partition, run_stage
-from pipeline.scoring import load_scorer, make_stage, unavailable
+from pipeline.score.stage import load_scorer, make_stage, unavailable
 from pipeline.shards import open_parquet, open_webdataset, write_shards
 from pipeline.shards.index import DROPPED, PartitionIndex
 from pipeline.build.stages import context
@@ -344,7 +344,7 @@ def test_config_score_section_problems(tmp_path):
 
 
 def test_score_summary_for_the_report(trained, tmp_path):
-    from pipeline.score_summary import score_summary
+    from pipeline.report.scores import score_summary
 
     corpus = _copy(trained, tmp_path / "root")
     assert score_summary(corpus) == {}

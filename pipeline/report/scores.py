@@ -2,7 +2,7 @@
 scores and the clips at both ends, read partition by partition (columns only, then the texts of
 the few example clips), so memory follows a partition and the number of examples.
 
-    from pipeline.score_summary import score_summary
+    from pipeline.report.scores import score_summary
     score_summary(corpus)  # {"scores/wal": {...}} for every score table of the corpus; see below
 """
 
