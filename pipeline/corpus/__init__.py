@@ -1,14 +1,17 @@
 """The corpus on storage: its tables and what reads or keeps them whole.
 
-- storage.py: the corpus root (local or object store), its tables, batch commits, the errors table
-- tablefile.py: one table file and its footer (row counts, counters, the schema's version)
-- partitions.py: partition labels of video ids, and listing the partitions of a table
-- partsummary.py: per-partition summaries kept under ``_summaries/``, checked against the files
-- summary.py: the corpus's counts per table and errors, added up from the partition summaries
-- summarize_partition.py: what a build stores of a partition once its chain of stages is over
+- storage.py: the corpus on any fsspec URL: partitioned tables, atomic commits, compaction
+- tablefile.py: one committed Parquet file of a table, checked against its schema, and its
+  footer (what it committed, its counters)
+- partitions.py: every video's partition, by a stable hash of its id; the labels
+- partsummary.py: the summary of one partition, kept under ``_summaries/`` and checked against
+  its files; what a build stores once a partition's chain is over
+- summary.py: the corpus's summary (`vlcorpus stats`): counts per table and errors, added up
+  from the partitions' summaries
 - status.py: what is done and left per stage (``vlcorpus status``)
-- validate.py: the checks of ``vlcorpus validate`` (schemas, keys, lineage, files)
-- retention.py: which media a later stage still needs, and deleting the rest
-- migrate.py: moving a corpus's tables to the schemas' current versions
+- validate.py: ``vlcorpus validate``: schemas, partitions, the lineage of keys, the shards
+- retention.py: a partition's media deleted once nothing pending needs them
+  (``storage.keep_media: false``)
+- migrate.py: ``vlcorpus migrate``: a corpus of the flat layout moved into partitions
 - rootlock.py: one build per corpus root at a time
 """
