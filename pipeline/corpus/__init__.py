@@ -1,6 +1,7 @@
 """The corpus on storage: its tables and what reads or keeps them whole.
 
 - storage.py: the corpus on any fsspec URL: partitioned tables, atomic commits, compaction
+- localcopy.py: local copies of a remote root's files and folders, for tools that need paths
 - tablefile.py: one committed Parquet file of a table, checked against its schema, and its
   footer (what it committed, its counters)
 - partitions.py: every video's partition, by a stable hash of its id; the labels

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import posixpath
-import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -32,6 +31,7 @@ import pyarrow.parquet as pq
 
 from pipeline import graph
 from pipeline.corpus import partitions
+from pipeline.corpus.localcopy import copied_file, copied_folder
 from pipeline.corpus.tablefile import (
     MANIFEST_KEY,
     REPLACES_KEY,
@@ -90,9 +90,7 @@ class Corpus:
         elif self.is_local:
             yield self.local_path(path)
         else:
-            with tempfile.TemporaryDirectory(prefix="vlcorpus-") as tmp:
-                local = os.path.join(tmp, os.path.basename(path))
-                self.fs.get(self.path(path), local)
+            with copied_file(self.fs, self.path(path)) as local:
                 yield local
 
     @contextlib.contextmanager
@@ -106,29 +104,8 @@ class Corpus:
             os.makedirs(local, exist_ok=True)
             yield local
             return
-        remote = self.path(path)
-        with tempfile.TemporaryDirectory(prefix="vlcorpus-") as tmp:
-            before = {posixpath.relpath(f, remote): f for f in self.fs.find(remote)}
-            fetched = {}
-            for relative, remote_file in before.items():
-                local_file = os.path.join(tmp, *relative.split("/"))
-                os.makedirs(os.path.dirname(local_file), exist_ok=True)
-                self.fs.get_file(remote_file, local_file)
-                fetched[relative] = _stamp(local_file)
-            yield tmp
-            if not write:
-                return
-            after = set()
-            for folder, _, names in os.walk(tmp):
-                for name in names:
-                    local_file = os.path.join(folder, name)
-                    relative = os.path.relpath(local_file, tmp).replace(os.sep, "/")
-                    after.add(relative)
-                    if fetched.get(relative) != _stamp(local_file):  # new or rewritten
-                        self.fs.put_file(local_file, posixpath.join(remote, relative))
-            gone = [f for relative, f in before.items() if relative not in after]
-            if gone:
-                self.fs.rm(gone)
+        with copied_folder(self.fs, self.path(path), write) as local:
+            yield local
 
     def local_path(self, *parts: str) -> str:
         """Path usable by local tools (ffmpeg, yt-dlp); only for local roots."""
@@ -444,11 +421,6 @@ class Corpus:
 
 def _base(path: str) -> str:
     return posixpath.basename(path.rstrip("/"))
-
-
-def _stamp(path: str) -> tuple[int, int]:
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> Iterable[str]:
