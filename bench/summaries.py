@@ -150,7 +150,7 @@ def read(what: str, root: str) -> float:
             raise SystemExit(f"{len(problems)} violations, the first: {problems[0]}")
     elif what == "store":
         from pipeline.build.stages import context
-        from pipeline.corpus.partsummary import store_summary
+        from pipeline.build.summarize_partition import store_summary
 
         ctx = context(corpus, cfg)
 

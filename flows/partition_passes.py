@@ -32,7 +32,7 @@ from pipeline.shards.stage import listing_report
 from pipeline.build.stages import context, parts
 from pipeline.corpus.status import Counts, idle_partitions
 from pipeline.corpus.storage import Corpus
-from pipeline.corpus.partsummary import store_summary
+from pipeline.build.summarize_partition import store_summary
 
 
 @task(name="partition-stage", task_run_name="{stage_name} p{partition}", retries=2,

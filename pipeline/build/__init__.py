@@ -7,4 +7,6 @@ while it runs. The stages themselves are in their packages; flows/ runs what thi
   checked before it does any work
 - health.py: whether a build was healthy, from its summary and its stages' reports (the
   verdict an unattended build ends with)
+- summarize_partition.py: what a build stores of a partition once its chain of stages is over:
+  its summary, each section from its owner (corpus/summary.py, corpus/status.py, report/stats.py)
 """

@@ -11,8 +11,7 @@ summary's write costs a rescan, never a wrong figure. A summary is made of secti
 summary's, the report's, status's), each computed by its owner from the partition's tables;
 a section may carry a key of what else it depends on (status: the config).
 
-Reads and rescans that touch many objects run concurrently (``WORKERS`` threads). What a build
-stores of a partition once its chain of stages is over is ``store_summary``: every section.
+Reads and rescans that touch many objects run concurrently (``WORKERS`` threads).
 """
 
 from __future__ import annotations
@@ -24,14 +23,11 @@ import posixpath
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipeline import graph
 from pipeline.shards.index import INDEX_DIR
 from pipeline.corpus.storage import Corpus, partition_dir
-
-if TYPE_CHECKING:
-    from pipeline.runner import StageContext
 
 SUMMARY_DIR = "_summaries"
 FORMAT = 1
@@ -217,18 +213,3 @@ def refresh(corpus: Corpus, partition: str, sections: Mapping[str, Section],
     """Rescan one partition and store its summary: what a build does once a partition's
     chain of stages is over."""
     _rescan(corpus, partition, sections, dict(keys or {}), None, write=True)
-
-
-def store_summary(ctx: StageContext, partition: str) -> None:
-    """Rescan one partition and store its summary with every section (the summary's, the
-    report's, status's), so that status, the summary, the report and the next build's choice
-    of partitions with work read it instead of the partition's files."""
-    # Imported here: the sections' owners import this module.
-    from pipeline.corpus import status, summary
-    from pipeline.report import stats as report_stats
-
-    sections = {summary.SECTION: summary.partition_figures,
-                report_stats.SECTION: report_stats.partition_stats,
-                status.SECTION: status.status_section(ctx)}
-    refresh(ctx.corpus, partition, sections,
-            keys={status.SECTION: status.status_key(ctx.corpus, ctx.config)})

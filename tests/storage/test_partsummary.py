@@ -23,7 +23,7 @@ from pipeline.runner import RetryPolicy, StageContext, run_stage
 from pipeline.build.stages import context
 from pipeline.corpus.status import corpus_status, idle_partitions
 from pipeline.corpus.storage import Corpus
-from pipeline.corpus.partsummary import store_summary
+from pipeline.build.summarize_partition import store_summary
 from pipeline.corpus.summary import summarize
 
 CFG = parse_config({"name": "t", "sources": [{"type": "urls", "urls": ["http://127.0.0.1/x"]}],
