@@ -18,7 +18,7 @@ from pipeline.config import parse_config
 from pipeline.demo import make_demo_media, serve_demo
 from pipeline.discover import discover
 from pipeline.runner import run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 
 

@@ -49,7 +49,7 @@ from pipeline.media import FrameRequest, frame_times, sample_frames
 from pipeline.media import nvdec
 from pipeline.media.decode_pool import plan_jobs, shared_pool, usable_cpus
 from pipeline.runner import run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 
 FPS = 25

@@ -106,7 +106,7 @@ def write_corpus(root: str, clips: int) -> Corpus:
 def plan_all(root: str) -> dict:
     """In this (fresh) process: every partition stage planned over every partition."""
     from pipeline.runner import plan_partition
-    from pipeline.build.stages import context, parts
+    from pipeline.compose.stages import context, parts
 
     cfg = parse_config(CONFIG)
     ctx = context(Corpus(root), cfg)

@@ -121,7 +121,7 @@ def read(what: str, root: str) -> float:
     """In this (fresh) process: one corpus-wide read, its seconds (the modules imported first:
     the reads, not the imports, are measured)."""
     import pipeline.report.stats  # noqa: F401
-    import pipeline.build.stages  # noqa: F401
+    import pipeline.compose.stages  # noqa: F401
     import pipeline.corpus.status  # noqa: F401
 
     cfg, corpus = parse_config(CONFIG), Corpus(root)
@@ -149,8 +149,8 @@ def read(what: str, root: str) -> float:
         if problems:  # a check that fails measures nothing
             raise SystemExit(f"{len(problems)} violations, the first: {problems[0]}")
     elif what == "store":
-        from pipeline.build.stages import context
-        from pipeline.build.summarize_partition import store_summary
+        from pipeline.compose.stages import context
+        from pipeline.compose.summarize_partition import store_summary
 
         ctx = context(corpus, cfg)
 

@@ -43,12 +43,12 @@ from flows.siblings import mark_crashed, superseded
 
 from pipeline.config import Config, config_hash, dump_config, load_config
 from pipeline.errors import SetupError
-from pipeline.build.health import assess
+from pipeline.compose.health import assess
 from pipeline.graph import AFTER_TRAIN, ORDER, SPECS, check_name, stages_until
 from pipeline.corpus.rootlock import Holder, root_lock
 from pipeline.runner import run_step
 from pipeline.score.stage import unavailable as score_unavailable
-from pipeline.build.stages import check_build, context, parts
+from pipeline.compose.stages import check_build, context, parts
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.summary import summarize
 

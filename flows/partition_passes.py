@@ -29,10 +29,10 @@ from pipeline.corpus import retention
 from pipeline.config import Config
 from pipeline.runner import StageReport, run_partition
 from pipeline.shards.stage import listing_report
-from pipeline.build.stages import context, parts
+from pipeline.compose.stages import context, parts
 from pipeline.corpus.status import Counts, idle_partitions
 from pipeline.corpus.storage import Corpus
-from pipeline.build.summarize_partition import store_summary
+from pipeline.compose.summarize_partition import store_summary
 
 
 @task(name="partition-stage", task_run_name="{stage_name} p{partition}", retries=2,

@@ -104,7 +104,7 @@ def demo_corpus(tmp_path_factory):
     from pipeline.demo import make_demo_media, serve_demo
     from pipeline.discover import discover
     from pipeline.runner import run_stage
-    from pipeline.build.stages import context
+    from pipeline.compose.stages import context
     from pipeline.corpus.storage import Corpus
 
     base = tmp_path_factory.mktemp("demo")

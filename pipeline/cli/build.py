@@ -64,7 +64,7 @@ def build(
         if until is not None and stage is not None:
             raise ValueError("--until and --stage exclude each other")
         # What the stages need, before Prefect is imported: a refusal comes in a second.
-        from pipeline.build.stages import check_build
+        from pipeline.compose.stages import check_build
 
         check_build(cfg, until, stage)
     except (ConfigError, ValueError, SetupError) as exc:

@@ -7,7 +7,7 @@
 - partitions.py: every video's partition, by a stable hash of its id; the labels
 - partsummary.py: the summary of one partition, kept under ``_summaries/`` and checked against
   its files (what a build stores once a partition's chain is over:
-  pipeline/build/summarize_partition.py)
+  pipeline/compose/summarize_partition.py)
 - summary.py: the corpus's summary (`vlcorpus stats`): counts per table and errors, added up
   from the partitions' summaries
 - status.py: what is done and left per stage (``vlcorpus status``)

@@ -124,7 +124,7 @@ def counts_from(data: dict[str, Any]) -> Counts:
 def partition_stages(cfg: Config) -> list[Stage]:
     """The per-partition runner stages of a config, in build order (featurize: one per
     extractor; score, when the config has it, after the others as in a build)."""
-    from pipeline.build.stages import parts
+    from pipeline.compose.stages import parts
 
     return [part for name in (*graph.PARTITION_STAGES, *graph.AFTER_TRAIN) for part in parts(name, cfg)
             if isinstance(part, Stage)]
@@ -174,7 +174,7 @@ def status_key(corpus: Corpus, cfg: Config) -> str:
 def partition_status(corpus: Corpus, cfg: Config, rescan: bool = True) -> dict[str, dict[str, Counts]]:
     """``{partition: {stage: Counts}}`` from the partitions' summaries, the partitions whose
     summary is missing or stale rescanned (without ``rescan``: left out)."""
-    from pipeline.build.stages import context
+    from pipeline.compose.stages import context
 
     found = partsummary.gather(corpus, {SECTION: status_section(context(corpus, cfg))},
                                labels=corpus.labels(), keys={SECTION: status_key(corpus, cfg)},

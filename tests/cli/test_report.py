@@ -22,7 +22,7 @@ from pipeline.report import message_class, write_report
 from pipeline.runner import StageContext, StageReport, run_stage
 from pipeline.report.scores import score_summary
 from pipeline.shards.stage import write_shards
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 
 pytestmark = pytest.mark.slow

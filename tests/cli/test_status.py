@@ -169,7 +169,7 @@ def test_status_per_partition_adds_up_and_prints_a_table(tmp_path):
 def test_status_agrees_with_the_runners_plan(tmp_path):
     from pipeline.config import load_config
     from pipeline.runner import plan_partition
-    from pipeline.build.stages import context
+    from pipeline.compose.stages import context
     from pipeline.corpus.status import corpus_status, partition_stages
 
     root = tmp_path / "corpus"

@@ -10,7 +10,7 @@ import pytest
 import stagekit
 from flows.build import run_build
 from pipeline import graph
-from pipeline.build import stages
+from pipeline.compose import stages
 from pipeline.config import parse_config
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate

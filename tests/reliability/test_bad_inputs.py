@@ -46,7 +46,7 @@ from pipeline.errors import BadInputError
 from pipeline.ids import video_id
 from pipeline.media import FrameRequest, FrameSpec, frame_times
 from pipeline.runner import Item, Stage, StageReport, run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.transcribe.subtitles import MAX_SUBTITLE_BYTES, subtitle_sentences
 

@@ -30,7 +30,7 @@ from pipeline.config import parse_config
 from pipeline.demo import serve_demo
 from pipeline.discover import discover
 from pipeline.runner import run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 
@@ -44,7 +44,7 @@ DRIVER = """
 import sys
 from pipeline.config import load_config
 from pipeline.graph import ORDER
-from pipeline.build.stages import context, run_local
+from pipeline.compose.stages import context, run_local
 from pipeline.corpus.storage import Corpus
 
 cfg = load_config(sys.argv[1])

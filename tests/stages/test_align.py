@@ -12,7 +12,7 @@ from pipeline.transcribe import stage as transcribe
 from pipeline.align.stage import Span, fixed_spans, split_for, subtitle_spans, whole_span
 from pipeline.config import AlignConfig, parse_config
 from pipeline.runner import run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 

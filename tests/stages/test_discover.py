@@ -13,7 +13,7 @@ from yt_dlp.extractor.youtube import YoutubeSearchIE
 from conftest import ROOT, TESTS
 from pipeline.config import load_config, parse_config
 from pipeline.discover import discover, id_for_url, queries
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.discover.urls import canonical_url
 

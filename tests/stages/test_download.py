@@ -13,7 +13,7 @@ from pipeline.demo import serve_demo
 from pipeline.discover import discover
 from pipeline.media import probe
 from pipeline.runner import run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.download.ytdlp import base_options, classify_message
 

@@ -12,7 +12,7 @@ from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.discover import discover
 from pipeline.runner import run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 

@@ -21,9 +21,9 @@ from resolverkit import resolver
 from pipeline.download import stage as download, gone_hosts, limits, outage
 from pipeline.config import HealthConfig, parse_config
 from pipeline.discover import discover
-from pipeline.build.health import assess
+from pipeline.compose.health import assess
 from pipeline.runner import error_row, run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.status import network_down
 from pipeline.corpus.storage import Corpus
 

@@ -24,7 +24,7 @@ from pipeline.demo import COLOURS, DemoSite
 from pipeline.ids import feature_key
 from pipeline.media import FrameRequest, FrameSpec, frame_times, sample_frames
 from pipeline.runner import run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 
@@ -120,7 +120,7 @@ import sys
 from pipeline.featurize import stage as featurize
 from pipeline.config import parse_config
 from pipeline.runner import run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 cfg = parse_config(json.loads(sys.argv[2]))
 stage = featurize.stages(cfg)[0]

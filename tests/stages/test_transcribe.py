@@ -18,7 +18,7 @@ from pipeline.transcribe import stage as transcribe
 from pipeline.config import parse_config
 from pipeline.demo import DemoSite
 from pipeline.runner import run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 

@@ -20,10 +20,10 @@ import stagekit
 from pipeline.corpus import partsummary
 from pipeline.config import parse_config
 from pipeline.runner import RetryPolicy, StageContext, run_stage
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.status import corpus_status, idle_partitions
 from pipeline.corpus.storage import Corpus
-from pipeline.build.summarize_partition import store_summary
+from pipeline.compose.summarize_partition import store_summary
 from pipeline.corpus.summary import summarize
 
 CFG = parse_config({"name": "t", "sources": [{"type": "urls", "urls": ["http://127.0.0.1/x"]}],

@@ -22,7 +22,7 @@ from pipeline.runner import plan_partition, run_stage
 from pipeline.score.stage import load_scorer, make_stage, unavailable
 from pipeline.shards import open_parquet, open_webdataset, write_shards
 from pipeline.shards.index import DROPPED, PartitionIndex
-from pipeline.build.stages import context
+from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
 from pipeline.train.evaluation import similarity_matrix
 from pipeline.train.loop import selected_checkpoint
@@ -374,7 +374,7 @@ def test_a_build_scores_after_training_then_shards_and_reports(prefect_harness, 
     the report stubbed out): train, then the score pass with the shards that waited for their
     scores, then the report, which sees the scores; a second build has nothing to do."""
     from flows.build import run_build
-    from pipeline.build import stages
+    from pipeline.compose import stages
     from pipeline.runner import Step
 
     for name in ("discover", "download", "transcribe", "align", "featurize"):

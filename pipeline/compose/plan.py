@@ -33,7 +33,7 @@ def build_plan(cfg: Config, corpus: Corpus | None) -> dict[str, Any]:
     """What a full build of ``cfg`` would do; ``corpus`` None when the root cannot be read (its
     figures are then left out). A root this version cannot use raises LayoutError, as a build
     does."""
-    from pipeline.build.stages import parts
+    from pipeline.compose.stages import parts
 
     recorded = corpus.recorded_partitions() if corpus is not None else None
     todo = _todo(cfg, corpus) if recorded else {}
