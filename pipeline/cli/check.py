@@ -55,7 +55,7 @@ def _check(cfg: Config, url: str) -> dict[str, Any]:
     from pipeline.compose.plan import build_plan
     from pipeline.graph import ORDER
     from pipeline.corpus.rootlock import RootLock, stale_reason
-    from pipeline.compose.setup import root_problem, stage_problems
+    from pipeline.setup import root_problem, stage_problems
     from pipeline.compose.stages import parts
     from pipeline.corpus.storage import Corpus, LayoutError
 

@@ -22,7 +22,7 @@ EvalOn = Annotated[str, typer.Option("--eval-on", help="test: the test split (an
 
 
 def _require_training() -> None:
-    from pipeline.compose.setup import require_package
+    from pipeline.setup import require_package
 
     try:
         require_package("torch", "training", extra="train")

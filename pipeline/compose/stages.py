@@ -22,7 +22,7 @@ from pipeline.config import Config
 from pipeline.graph import check_name, stages_until
 from pipeline.progress import log
 from pipeline.runner import RetryPolicy, Stage, StageContext, Step, run_stage, run_step
-from pipeline.compose.setup import check_stages, require_package
+from pipeline.setup import check_stages, require_package
 from pipeline.shards.stage import make_stage as shard_stage
 from pipeline.shards.stage import write_shards
 from pipeline.corpus.storage import Corpus

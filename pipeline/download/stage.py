@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import pyarrow.dataset as ds
 
-from pipeline.compose.setup import require_binaries
+from pipeline.setup import require_binaries
 from pipeline.config import Config, DownloadConfig
 from pipeline.corpus.retention import needed_again
 from pipeline.corpus.storage import Corpus

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import Config, ExtractorConfig
 from pipeline.ids import feature_key
-from pipeline.compose.setup import require_package
+from pipeline.setup import require_package
 from pipeline.runner import Item, Outcome, Stage, StageContext, attach, rows_of
 
 

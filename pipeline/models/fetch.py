@@ -16,7 +16,7 @@ from typing import Literal
 from pipeline.config import Config
 from pipeline.errors import SetupError
 from pipeline.models.cache import Published, obtain
-from pipeline.compose.setup import require_package
+from pipeline.setup import require_package
 
 
 @dataclass(frozen=True)

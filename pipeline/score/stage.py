@@ -37,7 +37,7 @@ from pipeline.config import Config, milnce_weights, score_key
 from pipeline.errors import ErrorKind, SetupError
 from pipeline.ids import feature_key
 from pipeline.runner import Item, Outcome, Stage, StageContext, rows_of
-from pipeline.compose.setup import require_package
+from pipeline.setup import require_package
 from pipeline.shards.samples import batch_features
 from pipeline.corpus.storage import Corpus
 

@@ -35,7 +35,7 @@ from pipeline.errors import BadInputError
 from pipeline.featurize.stage import clips_with_media
 from pipeline.media import ClipCut, cut_videos
 from pipeline.runner import Item, Outcome, Stage, StageContext, final_errors, run_partition
-from pipeline.compose.setup import require_binaries
+from pipeline.setup import require_binaries
 from pipeline.shards.card import write_cards
 from pipeline.shards.index import PartitionIndex, ShardEntry, refresh_listings
 from pipeline.shards.parquet import part_name, write_part

@@ -21,7 +21,7 @@ from pipeline.config import parse_config
 from pipeline.errors import SetupError
 from pipeline.media import FrameRequest, FrameSpec, frame_times, nvdec, sample_frames
 from pipeline.media.frames import Collector
-from pipeline.compose.setup import stage_problems
+from pipeline.setup import stage_problems
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a GPU")
 

@@ -19,7 +19,7 @@ from pipeline.config import AsrConfig
 from pipeline.errors import SetupError
 from pipeline.media import extract_audio
 from pipeline.transcribe.segment import Word
-from pipeline.compose.setup import require_package
+from pipeline.setup import require_package
 
 SAMPLE_RATE = 16000  # every backend gets mono 16-bit PCM at this rate
 
