@@ -10,14 +10,16 @@ only what ``flows.worker_start`` imports (modules, no model, no thread: tests/fl
 checks), so what any library a check loads does stays in the build's process. The server imports
 the flows once, where spawned workers would import them once each (1.5 to 2 CPU-s each).
 
-The fork server has the environment and standard error of the build's process when it starts
-(the build's log file); it stops with the build, so that the next build in the same process
-gets one of its own.
+The fork server has the environment of the build's process when it starts (the workers get the
+build's environment of the moment from their nanny), and its standard error is relayed to the
+build's (the log file); it stops with the build, so that the next build in the same process gets
+one of its own.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import forkserver
@@ -28,6 +30,42 @@ from pipeline.config import Config
 WORKER_START = "flows.worker_start"
 
 _depth = [0]
+_running = [False]
+
+
+def start() -> None:
+    """Start the fork server now if it is not running: the command line starts it first thing,
+    so that its import of the flows overlaps the build's checks and its own imports."""
+    if _running[0]:
+        return
+    forkserver.set_forkserver_preload([WORKER_START])
+    # Its standard error (and so its workers') is a pipe that this process copies to its own
+    # standard error, whatever that is by then: the build's log file, opened after the checks.
+    read, write = os.pipe()
+    saved = os.dup(2)
+    os.dup2(write, 2)
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(write)
+    threading.Thread(target=_relay, args=(read,), name="workers' stderr", daemon=True).start()
+    _running[0] = True
+
+
+def stop() -> None:
+    """Stop the fork server (its workers are gone by now, or see it go)."""
+    if _running[0] and not _depth[0]:
+        # The standard library has no public stop; this is the one its own tests use.
+        forkserver._forkserver._stop()
+        _running[0] = False
+
+
+def _relay(read: int) -> None:
+    with os.fdopen(read, "rb", buffering=0) as pipe:
+        for chunk in iter(lambda: pipe.read(1 << 16), b""):
+            os.write(2, chunk)
 
 
 @contextmanager
@@ -36,18 +74,14 @@ def fork_server() -> Iterator[None]:
     worker processes from it."""
     import dask
 
-    if _depth[0] == 0:
-        forkserver.set_forkserver_preload([WORKER_START])
-        forkserver.ensure_running()
+    start()
     _depth[0] += 1
     try:
         with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
             yield
     finally:
         _depth[0] -= 1
-        if _depth[0] == 0:
-            # The standard library has no public stop; this is the one its own tests use.
-            forkserver._forkserver._stop()
+        stop()
 
 
 def cluster_address(cfg: Config, dask_address: str | None = None) -> str | None:
@@ -64,4 +98,5 @@ def local_workers(cfg: Config, root: str, dask_address: str | None = None) -> It
         with fork_server():
             yield
     else:
+        stop()  # one the command line started before it knew
         yield

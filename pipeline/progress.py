@@ -1,12 +1,15 @@
-"""Logging and progress bars: rich for people, JSON lines for scheduled runs, or quiet."""
+"""Logging and progress bars: rich for people, JSON lines for scheduled runs, or quiet; and the
+beat by which a batch shows the runner's watchdog that it is not stuck (pipeline/runner/watchdog.py)."""
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
+import time
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -176,3 +179,30 @@ COLUMNS = (
     TimeElapsedColumn(),
     TimeRemainingColumn(),
 )
+
+
+# The running batch's last sign of progress, in the context that the watchdog runs it in.
+batch_clock: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("vlcorpus_batch_clock", default=None)
+
+
+def beat() -> None:
+    """The running batch made progress (an item done, an ASR segment, a download's progress);
+    a no-op outside a watched batch."""
+    clock = batch_clock.get()
+    if clock is not None:
+        clock[0] = time.monotonic()
+
+
+def carried(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` for another thread (a pool's), whose ``beat()`` counts for the batch that called
+    this: a pool's threads do not share the batch's context."""
+    clock = batch_clock.get()
+
+    def run(*args: object) -> T:
+        token = batch_clock.set(clock)
+        try:
+            return fn(*args)
+        finally:
+            batch_clock.reset(token)
+
+    return run

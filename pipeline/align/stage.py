@@ -242,11 +242,19 @@ def align_one(item: Item, ctx: StageContext) -> Outcome:
     duration = item.info.get("duration_s")
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         duration = None  # unknown, as when the download stage did not say
+    info = dict(item.info)
+    start, end = info.get("listed_start_s"), info.get("listed_end_s")
+    if info.get("download_status") == "partial" and start is not None and end is not None:
+        # A partial download's media starts at its section's start, and so do the times of its
+        # sentences (ASR on that media): the listed span, in the video's time, moves onto the
+        # media's timeline, else no sentence fell inside it and every moment was dropped.
+        offset = cfg.download.section(start, end)[0]
+        info["listed_start_s"], info["listed_end_s"] = start - offset, end - offset
     drops: Counter = Counter()
     if acfg.policy == "fixed":
         pairs = fixed_spans(sentences, acfg, duration, drops)
     elif acfg.policy == "whole":
-        pairs = [(s, []) for s in whole_span(sentences, item.info, duration, drops)]
+        pairs = [(s, []) for s in whole_span(sentences, info, duration, drops)]
     else:
         pairs = [(s, []) for s in subtitle_spans(sentences, acfg, duration, drops)]
     held_out = _held_out(acfg.test_clip_ids) if acfg.test_clip_ids else frozenset()
@@ -272,7 +280,9 @@ def align_one(item: Item, ctx: StageContext) -> Outcome:
 def align_inputs(ctx: StageContext, partition: str, videos: pa.Array) -> pa.Table:
     """Sentences of ``videos``, each with its video's duration and any listed span."""
     segments = rows_of(ctx, "segments", partition, "video_id", videos)
-    durations = rows_of(ctx, "downloads", partition, "video_id", videos, ["video_id", "duration_s"])
+    durations = rows_of(ctx, "downloads", partition, "video_id", videos,
+                        ["video_id", "duration_s", "status"]).rename_columns(
+        ["video_id", "duration_s", "download_status"])
     listed = rows_of(ctx, "videos", partition, "video_id", videos,
                      ["video_id", "start_s", "end_s"]).rename_columns(
         ["video_id", "listed_start_s", "listed_end_s"])
@@ -280,4 +290,5 @@ def align_inputs(ctx: StageContext, partition: str, videos: pa.Array) -> pa.Tabl
 
 
 STAGE = Stage(name="align", output="clips", source="segments", inputs=align_inputs,
-              process=per_item(align_one), info=("duration_s", "listed_start_s", "listed_end_s"))
+              process=per_item(align_one),
+              info=("duration_s", "download_status", "listed_start_s", "listed_end_s"))

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from pipeline.cli.common import JsonLogs, Quiet, _emit, _error, _logging, app, console
+from pipeline.cli.stopping import stops_on_signals
 from pipeline.config import ConfigError, load_config
 from pipeline.errors import SetupError
 from pipeline.graph import ORDER, check_name
@@ -50,10 +51,20 @@ def build(
     verbose: Verbose = False,
 ) -> None:
     """Run the pipeline for CONFIG, resuming whatever an earlier run left."""
+    with stops_on_signals():
+        _build(config, root, until, dask_address, retry_failed, stage, quiet, json_logs, verbose)
+
+
+def _build(config: Path, root: str | None, until: str | None, dask_address: str | None, retry_failed: bool,
+           stage: str | None, quiet: bool, json_logs: bool, verbose: bool) -> None:
+    from flows import fork_server
     from flows.temporary_server import early_server
 
-    # First thing: starting the server is the longest part of a build's set-up.
+    # First thing: starting the server is the longest part of a build's set-up, and the
+    # workers' fork server's import of the flows the next longest.
     server = early_server()
+    if dask_address is None:
+        fork_server.start()
     mode = _logging(quiet, json_logs)
     try:
         cfg = load_config(config)
@@ -70,16 +81,12 @@ def build(
     except (ConfigError, ValueError, SetupError) as exc:
         if server is not None:
             server.stop()
+        fork_server.stop()
         _error(exc)
         raise typer.Exit(2) from None
-    from flows.fork_server import local_workers
-
     try:
-        # The workers' fork server first (a new interpreter: it imports the flows while this
-        # process imports Prefect and the flows itself), inside the log file, which it and the
-        # workers it forks write to.
         with _build_output(mode, verbose, cfg.corpus_root(root)), \
-                local_workers(cfg, cfg.corpus_root(root), dask_address):
+                fork_server.local_workers(cfg, cfg.corpus_root(root), dask_address):
             from flows.services import prefect_server
 
             with prefect_server(server):
@@ -134,7 +141,7 @@ def demo(
         check_name(until)
     from flows.demo import run_demo
 
-    with _build_output(mode, verbose, str(root / "corpus")):
+    with stops_on_signals(), _build_output(mode, verbose, str(root / "corpus")):
         summary = run_demo(root, n_videos=videos, seed=seed, until=until, port=port)
     _time_setup(summary)
     _finish(summary, mode)

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from pipeline.config import Config, ConfigError, config_from_yaml, load_config
+from pipeline.errors import SetupError
 from pipeline.progress import LogFormat, setup_logging, stdout_console
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.summary import print_summary
@@ -119,6 +120,6 @@ def _on_target(target: str, root: str | None, run: Callable[[Corpus, Config], di
     setup_logging("rich")
     try:
         return run(*_target(target, root))
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
+    except (ConfigError, ValueError, FileNotFoundError, SetupError) as exc:
         _error(exc)
         raise typer.Exit(2) from None

@@ -8,6 +8,7 @@ from typing import Any
 
 from pipeline.config import HealthConfig
 from pipeline.download.outage import network_down
+from pipeline.runner.watchdog import stalled
 
 
 @dataclass
@@ -71,6 +72,9 @@ def assess(limits: HealthConfig, summary: dict[str, Any]) -> Health:
         if isinstance(report, dict) and network_down(report.get("stopped")):
             health.problems.append(f"the network was down: {name} stopped with {report.get('left', 0)} "
                                    f"items left to do for the next run")
+        if isinstance(report, dict) and stalled(report.get("stopped")):
+            health.problems.append(f"{report['stopped']}: the stage stopped with {report.get('left', 0)} "
+                                   f"more items left to do for the next run")
         counted = _tried_failed(report)
         if counted is None or counted[0] == 0:
             continue

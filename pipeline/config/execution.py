@@ -22,6 +22,13 @@ class ExecutionConfig(BaseModel):
     dask_address: str | None = Field(None, description="None: start a local cluster")
     n_workers: int | None = Field(None, ge=1)
     threads_per_worker: int = Field(1, ge=1)
+    stall_s: float | None = Field(
+        900.0, gt=0,
+        description="seconds a batch may go without progress (an item done, an ASR segment, a "
+                    "download's progress) before it counts as stalled: its stacks go to the log, "
+                    "its items fail as internal (the next run retries them) and the stage stops "
+                    "for this run. Longer than the slowest honest step (a model's first download, "
+                    "an ffmpeg merge of a long video); null: never")
     gpu_resource: bool = Field(False, description="featurize tasks ask Dask for the resource GPU=1")
     log_format: Literal["rich", "json"] = "rich"
     partitions: int | None = Field(

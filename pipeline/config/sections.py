@@ -149,6 +149,12 @@ class DownloadConfig(BaseModel):
     retries: int = Field(3, ge=0)
     allowed_schemes: list[str] = Field(default_factory=lambda: ["http", "https"], min_length=1)
 
+    def section(self, start_s: float, end_s: float) -> tuple[float, float]:
+        """The span of a video that a partial download fetches for the listed span
+        [start_s, end_s]: its media's time 0 is this span's start (align moves a listed span
+        onto the media's timeline by it)."""
+        return max(0.0, start_s - self.section_padding_s), end_s + self.section_padding_s
+
     @field_validator("allowed_schemes")
     @classmethod
     def _lower(cls, value: list[str]) -> list[str]:

@@ -51,8 +51,7 @@ def ytdlp_options(cfg: Config, workdir: str, vid: str, row: dict[str, Any],
         opts["enable_file_urls"] = True
     start, end = row.get("start_s"), row.get("end_s")
     if dl.partial and start is not None and end is not None:
-        pad = dl.section_padding_s
-        opts["download_ranges"] = download_range_func(None, [(max(0.0, start - pad), end + pad)])
+        opts["download_ranges"] = download_range_func(None, [dl.section(start, end)])
     return opts
 
 

@@ -71,7 +71,7 @@ from pipeline.errors import (
 )
 from pipeline.ids import safe_id
 from pipeline.media import check_video
-from pipeline.progress import log
+from pipeline.progress import beat, carried, log
 from pipeline.runner import Item, Outcome, Stage, StageContext, StageReport, per_item, table_inputs
 
 
@@ -132,7 +132,7 @@ def _download(row: dict[str, Any], cfg: Config, workdir: str, batch: _Batch
             ticket = batch.gate.admit()
             opts = ytdlp_options(cfg, workdir, vid, row, by_key[ticket.egress])
             caps = Caps(dl)
-            opts["progress_hooks"] = [caps]
+            opts["progress_hooks"] = [caps, lambda _status: beat()]
             # Leaving it, a network failure is recorded, and swallowed when the network is now
             # down: the loop then goes again once it is back (a network outage is no verdict).
             with batch.watch.attempt(vid, host, ticket.admitted):
@@ -310,7 +310,7 @@ def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
             return stop
 
     with ThreadPoolExecutor(max_workers=ctx.config.download.concurrency) as pool:
-        results = list(pool.map(run, items))
+        results = list(pool.map(carried(run), items))
     outcomes = [r for r in results if isinstance(r, Outcome)]
     for outcome in outcomes:
         if batch.refusals[outcome.key]:

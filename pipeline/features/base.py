@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -141,6 +141,17 @@ def fit_frames(clip: torch.Tensor, spec: FrameSpec) -> torch.Tensor:
 
 
 @dataclass
+class _Launched:
+    """A batch whose forward passes are queued: per group of same-shaped clips, their indices,
+    lengths and features (on the host, or arriving there until ``done``)."""
+
+    size: int
+    groups: list[tuple[list[int], list[int], torch.Tensor]] = field(default_factory=list)
+    done: torch.cuda.Event | None = None
+    sources: list[torch.Tensor] | None = None  # the staged host buffers, kept until ``done``
+
+
+@dataclass
 class _Staged:
     """Clips on their way to the model's device: ``ready`` marks the end of their copies, and
     ``sources`` keeps the page-locked host buffers they are copied from until the model has run
@@ -202,17 +213,22 @@ class TorchVisualExtractor(VisualExtractor):
         return clip
 
     def run(self, clips: list[torch.Tensor]) -> list[torch.Tensor]:
-        return self._run(self._upload(clips))
+        return self._collect(self._launch(self._upload(clips)))
 
     def run_batches(self, batches: Iterable[list[torch.Tensor]]) -> Iterator[list[torch.Tensor]]:
-        staged = None
+        """Features of each batch, in order. On a GPU nothing here waits for the model while it
+        has work queued: a batch's copy to the device and its forward pass are queued as soon as
+        it is assembled (the copy on a stream of its own, the forward waiting for it on the
+        device), and a batch's results, copied back without blocking, are read only once the
+        next batch is queued. At most two batches are on the device at once."""
+        launched: _Launched | None = None
         for clips in batches:
-            following = self._upload(clips)  # its copies start now, while the model runs `staged`
-            if staged is not None:
-                yield self._run(staged)
-            staged = following
-        if staged is not None:
-            yield self._run(staged)
+            queued = self._launch(self._upload(clips))
+            if launched is not None:
+                yield self._collect(launched)  # the GPU works on `queued` meanwhile
+            launched = queued
+        if launched is not None:
+            yield self._collect(launched)
 
     def _upload(self, clips: list[torch.Tensor]) -> _Staged:
         """Start copying ``clips`` to the device (on the copy stream, not waiting for it)."""
@@ -227,7 +243,9 @@ class TorchVisualExtractor(VisualExtractor):
             clip.record_stream(compute)  # made on the copy stream, used on the compute stream
         return _Staged(moved, ready, clips)
 
-    def _run(self, staged: _Staged) -> list[torch.Tensor]:
+    def _launch(self, staged: _Staged) -> _Launched:
+        """Queue the forward passes of a staged batch and the copies of their results to the
+        host; on the CPU they simply run."""
         if staged.ready is not None:
             torch.cuda.current_stream(self.device).wait_event(staged.ready)
         clips = staged.clips
@@ -237,12 +255,32 @@ class TorchVisualExtractor(VisualExtractor):
         for i, clip in enumerate(clips):
             key = tuple(clip.shape[1:] if self.layout == "frames" else clip.shape)
             groups.setdefault(key, []).append(i)
-        out: list[torch.Tensor] = [torch.empty(0)] * len(clips)
+        launched = _Launched(len(clips), sources=staged.sources)
         for indices in groups.values():
             batch = [clips[i] for i in indices]
-            features = self._forward(batch)
+            launched.groups.append((indices, [len(c) for c in batch], self._forward(batch)))
+        if self.device.type == "cuda":
+            launched.done = torch.cuda.Event()
+            launched.done.record(torch.cuda.current_stream(self.device))
+        return launched
+
+    def _to_host(self, features: torch.Tensor) -> torch.Tensor:
+        """Float32 features on the host: on a GPU, a copy into page-locked memory that does not
+        block (read once ``_Launched.done`` has passed)."""
+        features = features.float()
+        if features.device.type == "cpu":
+            return features
+        host = torch.empty(features.shape, dtype=features.dtype, pin_memory=True)
+        return host.copy_(features, non_blocking=True)
+
+    def _collect(self, launched: _Launched) -> list[torch.Tensor]:
+        """Each clip's features of a launched batch, once its copies are done."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        out: list[torch.Tensor] = [torch.empty(0)] * launched.size
+        for indices, lengths, features in launched.groups:
             if self.layout == "frames" and not self.pooled:
-                parts = torch.split(features, [len(c) for c in batch])
+                parts = torch.split(features, lengths)
             else:
                 parts = features.unbind(0)
             for i, part in zip(indices, parts):
@@ -260,4 +298,4 @@ class TorchVisualExtractor(VisualExtractor):
             x = x.float().div_(255)
             if self.mean is not None:
                 x = x.sub_(self.mean).div_(self.std)
-            return self.model(x).float().cpu()
+            return self._to_host(self.model(x))

@@ -25,6 +25,7 @@ from pipeline.features.base import TextExtractor, VisualExtractor
 from pipeline.media import FrameRequest
 from pipeline.media import nvdec
 from pipeline.media.decode_pool import FeederPool, plan_jobs, shared_pool, usable_cpus
+from pipeline.progress import beat
 from pipeline.runner import Item, Outcome, StageContext
 
 
@@ -98,6 +99,7 @@ def _visual(items: Sequence[Item], ctx: StageContext, extractor: VisualExtractor
     def batches() -> Iterator[list[torch.Tensor]]:
         pending: list[tuple[str, torch.Tensor]] = []
         for key, prepared in _decoded(items, extractor, ctx, decode_processes(fcfg), fcfg.queue_size):
+            beat()
             if isinstance(prepared, StageError):
                 outcomes[key] = Outcome(key, kind=prepared.kind, message=str(prepared))
                 continue
@@ -111,6 +113,7 @@ def _visual(items: Sequence[Item], ctx: StageContext, extractor: VisualExtractor
             yield [t for _, t in pending]
 
     for results in extractor.run_batches(batches()):
+        beat()
         for key, result in zip(keys.popleft(), results):
             array = result.float().numpy()
             frames = extractor.spec.frames if extractor.pooled else int(array.shape[0])
@@ -124,6 +127,7 @@ def _text(items: Sequence[Item], extractor: TextExtractor, ecfg: ExtractorConfig
     for start in range(0, len(items), ecfg.batch_size):
         chunk = items[start : start + ecfg.batch_size]
         vectors = extractor.encode([i.rows[0]["text"] for i in chunk])
+        beat()
         for item, vector in zip(chunk, vectors):
             outcomes.append(Outcome(item.key, rows=[_row(item.key, extractor, vector, None, None)]))
     return outcomes

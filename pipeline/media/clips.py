@@ -17,7 +17,8 @@ import ffmpeg
 from pipeline.errors import BadInputError
 from pipeline.media.frames import END_SLACK_S, TIME_EPS
 from pipeline.media.probe import MediaInfo, probe
-from pipeline.media.process import run_ffmpeg
+from pipeline.media.process import FfmpegRun, run_ffmpeg
+from pipeline.progress import beat, carried
 
 # ffmpeg frees an encoder only when it exits, and an x264 encoder holds ~35 MB at 640x360: exact
 # cuts of one video share a process by groups of this many clips (by start time) to bound memory.
@@ -95,8 +96,13 @@ def cut_videos(videos: Sequence[tuple[str, Sequence[ClipCut]]], precision: Liter
         except BadInputError as exc:  # the video (unreadable) or its keyframe index
             results |= {cut.key: exc for cut in cuts if cut.key not in results}
     jobs.sort(key=lambda job: -job.seconds)
+    def cut(job: _Job) -> FfmpegRun:
+        run = run_ffmpeg(job.args, timeout_s)
+        beat()
+        return run
+
     with ThreadPoolExecutor(processes) as pool:
-        runs = list(pool.map(lambda job: run_ffmpeg(job.args, timeout_s), jobs))
+        runs = list(pool.map(carried(cut), jobs))
     for job, run in zip(jobs, runs):
         error = run.reason if run.failed else ""
         results |= {cut.key: _keep_output(cut, job.want_s[cut.key], job.frame_s, job.slack_s,

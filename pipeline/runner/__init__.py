@@ -14,7 +14,7 @@ Corpus-wide steps (discover, train, report) are a separate kind, ``Step``: one u
 whole corpus, whose failure is an errors row in the ``corpus`` partition like any item's.
 
 ``stage.py`` defines stages and what they work with, ``plan.py`` finds what is left of one in a
-partition, ``run.py`` runs it; this module is the package's one import path for all three.
+partition, ``run.py`` runs it, ``watchdog.py`` tells a stalled batch from a slow one; this module is the package's one import path for all three.
 """
 
 from pipeline.runner.plan import FINAL_KINDS, KeySets, PartitionPlan, final_errors, key_sets, plan_partition
@@ -36,10 +36,11 @@ from pipeline.runner.stage import (
     rows_of,
     table_inputs,
 )
+from pipeline.runner.watchdog import Stalled, stalled
 
 __all__ = [
     "FINAL_KINDS", "BatchReport", "Item", "KeySets", "Outcome", "PartitionPlan", "RetryPolicy",
     "Sink", "Stage", "StageContext", "StageReport", "Step", "TableSink", "attach", "error_row",
     "final_errors", "key_sets", "per_item", "plan_partition", "retrying", "rows_of", "run_batch",
-    "run_partition", "run_stage", "run_step", "table_inputs",
+    "run_partition", "run_stage", "run_step", "Stalled", "stalled", "table_inputs",
 ]

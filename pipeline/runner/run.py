@@ -18,6 +18,7 @@ from pipeline.progress import StepProgress, log
 from pipeline.runner.plan import plan_partition
 from pipeline.runner.stage import BatchReport, Item, Outcome, Stage, StageContext, StageReport, Step
 from pipeline.corpus.storage import Corpus
+from pipeline.runner.watchdog import Stalled, run_watched
 
 
 def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext, partition: str,
@@ -29,7 +30,16 @@ def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext, partition:
     tries: Tally = Tally()
     for attempt in range(1, ctx.retry.attempts + 1):
         try:
-            outcomes = _process_guarded(stage, pending, ctx)
+            outcomes = _process_guarded(stage, pending, ctx, partition)
+        except Stalled as stall:
+            # The stuck items fail as internal (never final: the next run tries them again);
+            # the stage stops, as the thread that stalled may hold what the next batch needs.
+            for item in pending:
+                tries[item.key] = attempt
+                settled[item.key] = Outcome(item.key, kind=ErrorKind.INTERNAL, message=str(stall))
+            report = commit(stage, items, settled, tries, ctx.corpus, partition, redo or set())
+            report.stopped = str(stall)
+            return report
         except StageStopped as stop:
             # The items this attempt retried keep only what the stop settled: an earlier
             # transient failure of theirs is no outcome (the stop's cause, a network down, may
@@ -55,10 +65,13 @@ def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext, partition:
     return commit(stage, items, settled, tries, ctx.corpus, partition, redo or set())
 
 
-def _process_guarded(stage: Stage, items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
-    """A batch function that raises fails every item of the batch, not the run."""
+def _process_guarded(stage: Stage, items: Sequence[Item], ctx: StageContext, partition: str) -> list[Outcome]:
+    """A batch function that raises fails every item of the batch, not the run; one that stalls
+    raises Stalled."""
+    execution = getattr(ctx.config, "execution", None)
     try:
-        outcomes = stage.process(items, ctx)
+        outcomes = run_watched(lambda: stage.process(items, ctx), getattr(execution, "stall_s", None),
+                               f"{stage.name} p{partition}")
     except (SetupError, StageStopped):
         raise
     except Exception as exc:  # noqa: BLE001 - recorded per item below

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipeline.errors import ErrorKind, SetupError, StageStopped, classify
-from pipeline.progress import log
+from pipeline.progress import beat, log
 from pipeline.corpus.storage import Corpus
 
 
@@ -179,6 +179,7 @@ def per_item(fn: ItemFn) -> Process:
             except Exception as exc:  # noqa: BLE001 - every failure becomes an errors row
                 kind, message = classify(exc)
                 outcomes.append(Outcome(item.key, kind=kind, message=message))
+            beat()
         return outcomes
 
     return process

@@ -19,6 +19,7 @@ from pipeline.models.device import pick_device
 from pipeline.corpus.storage import Corpus
 from pipeline.train import losses
 from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, concat_candidates, epoch_rng
+from pipeline.train.checkpoint import UnsafeCheckpoint, load_checkpoint
 from pipeline.train.evaluation import (EvalOn, encode_all, evaluate_model, evaluation_pairs, mean_recall,
                                        similarity_matrix, to_device)
 from pipeline.train.feed import feed_for, held_out
@@ -182,6 +183,18 @@ def selected_checkpoint(path: str | Path) -> Path | None:
     return best if best.exists() else latest
 
 
+def _resumable(latest: Path | None, dev: torch.device) -> dict[str, Any] | None:
+    """The newest checkpoint's state to resume from; None to start over, also when that file is
+    refused (it holds more than weights: training starts over and replaces it)."""
+    if latest is None:
+        return None
+    try:
+        return load_checkpoint(latest, dev)
+    except UnsafeCheckpoint as exc:
+        log.warning("%s; training starts over", exc)
+        return None
+
+
 def _save(path: Path, state: dict[str, Any]) -> None:
     # All or nothing: resume loads the newest epoch_*.pt, so a kill mid-save must not leave a
     # truncated one (nor a temporary file beside it).
@@ -233,8 +246,8 @@ def train(pairs: PairSet | PairStream, cfg: TrainConfig, out_dir: Path, device: 
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
     start_epoch, step, curve, best = 0, 0, [], None
     latest = latest_checkpoint(ckpt_dir) if resume else None
-    if latest is not None:
-        state = torch.load(latest, map_location=dev, weights_only=False)
+    state = _resumable(latest, dev)
+    if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state.get("scaler", {})) if state.get("scaler") else None
@@ -258,7 +271,7 @@ def train(pairs: PairSet | PairStream, cfg: TrainConfig, out_dir: Path, device: 
         if cfg.finetune and epoch == cfg.epochs:
             # S-MiT appendix B: the second round starts from the first round's selected parameters.
             if best is not None:
-                model.load_state_dict(torch.load(ckpt_dir / BEST, map_location=dev, weights_only=False)["model"])
+                model.load_state_dict(load_checkpoint(ckpt_dir / BEST, dev)["model"])
             opt = make_optimizer(model, cfg, finetune_schedule(cfg).base)
         schedule = _phase_schedule(cfg, epoch)
         model.train()
@@ -303,7 +316,7 @@ def train(pairs: PairSet | PairStream, cfg: TrainConfig, out_dir: Path, device: 
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
         _save(ckpt_dir / f"epoch_{epoch:04d}.pt", state)
     if best is not None:
-        model.load_state_dict(torch.load(ckpt_dir / BEST, map_location=dev, weights_only=False)["model"])
+        model.load_state_dict(load_checkpoint(ckpt_dir / BEST, dev)["model"])
     result = evaluate_model(model, held, dev, cfg.seed, cfg.eval_protocol, eval_on)
     result["selected"] = best or {"by": "last", "epoch": total_epochs - 1,
                                   **({} if cfg.select == "last" else {"note": f"no val split: {cfg.select} "
@@ -353,7 +366,7 @@ def evaluate(checkpoint_dir: str | Path, pairs: PairSet | PairStream, device: st
     if path is None:
         raise FileNotFoundError(f"no checkpoint (epoch_*.pt) under {checkpoint_dir}")
     dev = torch.device(pick_device(device, "--device"))
-    state = torch.load(path, map_location=dev, weights_only=False)
+    state = load_checkpoint(path, dev)
     cfg = TrainConfig.model_validate(state["config"])
     pairs = held_out(pairs, cfg, eval_on)
     if (pairs.visual_dim, pairs.text_dim) != (state["visual_dim"], state["text_dim"]):

@@ -12,7 +12,6 @@ stage (pipeline/score/stage.py) and bench/score_noisy.py both go through `score_
 from __future__ import annotations
 
 import abc
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 
 from pipeline.config import ExtractorConfig, FeaturesConfig, TrainConfig
 from pipeline.train.batches import pad
+from pipeline.train.checkpoint import load_checkpoint
 from pipeline.train.evaluation import concat_encoded
 from pipeline.train.models import Encoded, RetrievalModel, build_model
 
@@ -91,7 +91,7 @@ class TrainedScorer(Scorer):
 
     @classmethod
     def load(cls, data: bytes, name: str, checkpoint: str, device: torch.device | str = "cpu") -> TrainedScorer:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        state = load_checkpoint(data, "cpu", checkpoint)
         return cls.from_state(state, name, checkpoint, device)
 
     def _padded(self, arrays: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:

