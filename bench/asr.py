@@ -19,7 +19,7 @@ import wave
 
 import numpy as np
 
-from pipeline.asr import get_backend
+from pipeline.transcribe.asr import get_backend
 from pipeline.config import AsrConfig
 from pipeline.media import extract_audio
 

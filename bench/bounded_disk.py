@@ -40,7 +40,7 @@ import yaml
 from benchkit import make_caption_site, vlcorpus
 
 from pipeline.demo import DemoSite
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 MB = 1e6
 CHUNK = 64 * 1024

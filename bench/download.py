@@ -13,13 +13,13 @@ from pathlib import Path
 
 from benchkit import mirror_pages
 
-from pipeline import download
+from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.demo import make_demo_media, serve_demo
 from pipeline.discover import discover
 from pipeline.runner import run_stage
-from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
 
 
 def run(base: str, names: list[str], concurrency: int, work: Path) -> tuple[float, int, int]:

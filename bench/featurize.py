@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from benchkit import make_test_video, pyav_decode
 
-from pipeline import featurize
+from pipeline.featurize import stage as featurize
 from pipeline.config import Config, parse_config
 from pipeline.features.extract import _host_buffer, decode_processes, extractor_for
 from pipeline.ids import clip_id
@@ -49,8 +49,8 @@ from pipeline.media import FrameRequest, frame_times, sample_frames
 from pipeline.media import nvdec
 from pipeline.media.decode_pool import plan_jobs, shared_pool, usable_cpus
 from pipeline.runner import run_stage
-from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
 
 FPS = 25
 CLIP_S, STEP_S = 3.0, 1.5

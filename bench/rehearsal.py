@@ -278,7 +278,7 @@ def fingerprint(root: str, env: dict[str, str]) -> dict[str, str]:
     import hashlib
 
     from pipeline.shards.index import FORMATS, load_listing
-    from pipeline.storage import Corpus
+    from pipeline.corpus.storage import Corpus
     from schemas.tables import key_column
 
     saved = {k: os.environ.get(k) for k in env}

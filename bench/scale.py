@@ -30,10 +30,11 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import graph, partitions  # noqa: E402
+from pipeline import graph  # noqa: E402
+from pipeline.corpus import partitions
 from pipeline.config import parse_config  # noqa: E402
 from pipeline.shards.index import PartitionIndex, ShardEntry  # noqa: E402
-from pipeline.storage import Corpus  # noqa: E402
+from pipeline.corpus.storage import Corpus  # noqa: E402
 
 CLIPS_PER_VIDEO = 100
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -105,7 +106,7 @@ def write_corpus(root: str, clips: int) -> Corpus:
 def plan_all(root: str) -> dict:
     """In this (fresh) process: every partition stage planned over every partition."""
     from pipeline.runner import plan_partition
-    from pipeline.stages import context, parts
+    from pipeline.compose.stages import context, parts
 
     cfg = parse_config(CONFIG)
     ctx = context(Corpus(root), cfg)
@@ -124,7 +125,7 @@ def plan_all(root: str) -> dict:
 
 def status_all(root: str) -> dict:
     """In this (fresh) process: `vlcorpus status` of the corpus (every stage, every partition)."""
-    from pipeline.status import corpus_status
+    from pipeline.corpus.status import corpus_status
 
     started = time.perf_counter()
     status = corpus_status(Corpus(root), parse_config(CONFIG))

@@ -50,10 +50,10 @@ from noisy_pairs import config as bench_config  # noqa: E402
 
 from pipeline.config import Config, load_config, parse_config  # noqa: E402
 from pipeline.runner import run_stage  # noqa: E402
-from pipeline.scoring import make_stage  # noqa: E402
+from pipeline.score.stage import make_stage  # noqa: E402
 from pipeline.shards import open_parquet, write_shards  # noqa: E402
-from pipeline.stages import context  # noqa: E402
-from pipeline.storage import Corpus  # noqa: E402
+from pipeline.compose.stages import context  # noqa: E402
+from pipeline.corpus.storage import Corpus  # noqa: E402
 from pipeline.train.batches import GroupBatchSampler  # noqa: E402
 from pipeline.train.loop import train  # noqa: E402
 from pipeline.train.run import train_corpus  # noqa: E402

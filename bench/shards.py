@@ -26,8 +26,8 @@ from pipeline.ids import clip_id
 from pipeline.shards.samples import batch_samples, feature_tables
 from pipeline.shards.stage import write_shards
 from pipeline.shards.webdataset import encode
-from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -38,14 +38,14 @@ sys.path.insert(0, os.environ.get("BENCH_CODE") or str(REPO))
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from pipeline import partitions  # noqa: E402
+from pipeline.corpus import partitions  # noqa: E402
 from pipeline.config import parse_config  # noqa: E402
 from pipeline.runner import error_row  # noqa: E402
 from pipeline.shards.index import PartitionIndex, ShardEntry  # noqa: E402
 from pipeline.shards.parquet import part_name, write_part  # noqa: E402
 from pipeline.shards.samples import Sample  # noqa: E402
 from pipeline.shards.webdataset import tar_name, write_tar  # noqa: E402
-from pipeline.storage import Corpus  # noqa: E402
+from pipeline.corpus.storage import Corpus  # noqa: E402
 
 CLIP_BYTES = 1024  # a clip's media in the shards: small, so that 2048 partitions fit moto's memory
 CONFIG = {"name": "summaries", "sources": [{"type": "urls", "urls": ["http://x/"]}],
@@ -121,17 +121,17 @@ def read(what: str, root: str) -> float:
     """In this (fresh) process: one corpus-wide read, its seconds (the modules imported first:
     the reads, not the imports, are measured)."""
     import pipeline.report.stats  # noqa: F401
-    import pipeline.stages  # noqa: F401
-    import pipeline.status  # noqa: F401
+    import pipeline.compose.stages  # noqa: F401
+    import pipeline.corpus.status  # noqa: F401
 
     cfg, corpus = parse_config(CONFIG), Corpus(root)
     started = time.perf_counter()
     if what == "status":
-        from pipeline.status import corpus_status
+        from pipeline.corpus.status import corpus_status
 
         corpus_status(corpus, cfg)
     elif what == "summary":
-        from pipeline.summary import summarize
+        from pipeline.corpus.summary import summarize
 
         summarize(corpus)
     elif what == "report":
@@ -139,18 +139,18 @@ def read(what: str, root: str) -> float:
 
         compute_stats(corpus)
     elif what == "idle":
-        from pipeline.status import idle_partitions, partition_stages
+        from pipeline.corpus.status import idle_partitions, partition_stages
 
         idle_partitions(corpus, cfg, [s.name for s in partition_stages(cfg)])
     elif what == "validate":
-        from pipeline.validate import validate
+        from pipeline.corpus.validate import validate
 
         problems = validate(corpus)
         if problems:  # a check that fails measures nothing
             raise SystemExit(f"{len(problems)} violations, the first: {problems[0]}")
     elif what == "store":
-        from pipeline.stages import context
-        from pipeline.summarize_partition import store_summary
+        from pipeline.compose.stages import context
+        from pipeline.compose.summarize_partition import store_summary
 
         ctx = context(corpus, cfg)
 

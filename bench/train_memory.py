@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import StreamConfig, TrainConfig
-from pipeline.storage import Corpus
-from pipeline.tablefile import schema_for
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.tablefile import schema_for
 from pipeline.train.loop import train
 from pipeline.train.stream import PairStream
 

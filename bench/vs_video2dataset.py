@@ -56,7 +56,7 @@ import yaml
 from benchkit import make_caption_site, timed
 
 from pipeline.demo import DemoSite, serve_demo
-from pipeline.subtitles import read_cues
+from pipeline.transcribe.subtitles import read_cues
 
 # video2dataset 1.3.0 pins numpy<2; pyarrow 17+ and opencv-python 4.12+ (through
 # scenedetect[opencv]) need numpy 2. yt-dlp is ours, so both tools download alike.

@@ -43,14 +43,14 @@ from flows.siblings import mark_crashed, superseded
 
 from pipeline.config import Config, config_hash, dump_config, load_config
 from pipeline.errors import SetupError
-from pipeline.health import assess
+from pipeline.compose.health import assess
 from pipeline.graph import AFTER_TRAIN, ORDER, SPECS, check_name, stages_until
-from pipeline.rootlock import Holder, root_lock
+from pipeline.corpus.rootlock import Holder, root_lock
 from pipeline.runner import run_step
-from pipeline.scoring import unavailable as score_unavailable
-from pipeline.stages import check_build, context, parts
-from pipeline.storage import Corpus
-from pipeline.summary import summarize
+from pipeline.score.stage import unavailable as score_unavailable
+from pipeline.compose.stages import check_build, context, parts
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.summary import summarize
 
 
 @task(name="step", task_run_name="{step_name}", retries=2, retry_delay_seconds=[2, 10],

@@ -1,4 +1,4 @@
-"""The Dask cluster's backend of pipeline.limits, for builds on their own temporary Prefect
+"""The Dask cluster's backend of pipeline.download.limits, for builds on their own temporary Prefect
 server (which nothing else shares, so limits there would hold no further than the cluster
 does): slots are distributed Semaphores, stores are the scheduler's metadata updated under a
 one-slot Semaphore, rates are token buckets in a store. The scheduler keeps them in memory, so
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from distributed import Client, Semaphore, get_client
 
-from pipeline.limits import Backend, State, decode, encode, store_rate
+from pipeline.download.limits import Backend, State, decode, encode, store_rate
 
 _lock = threading.Lock()
 _semaphores: dict[tuple[str, str, int], Semaphore] = {}

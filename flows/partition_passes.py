@@ -24,14 +24,15 @@ from flows.cluster_limits import cluster_backend
 from flows.build_progress import BuildProgress
 from flows.services import on_temporary_server
 from flows.shared import PREFECT
-from pipeline import limits, retention
+from pipeline.download import limits
+from pipeline.corpus import retention
 from pipeline.config import Config
 from pipeline.runner import StageReport, run_partition
 from pipeline.shards.stage import listing_report
-from pipeline.stages import context, gpu_stages, parts
-from pipeline.status import Counts, idle_partitions
-from pipeline.storage import Corpus
-from pipeline.summarize_partition import store_summary
+from pipeline.compose.stages import context, gpu_stages, parts
+from pipeline.corpus.status import Counts, idle_partitions
+from pipeline.corpus.storage import Corpus
+from pipeline.compose.summarize_partition import store_summary
 
 
 @task(name="partition-stage", task_run_name="{stage_name} p{partition}", retries=2,

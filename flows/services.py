@@ -22,7 +22,7 @@ from flows.fork_server import WORKER_START, cluster_address, local_workers
 from flows.temporary_server import TemporaryServer
 from pipeline.config import Config
 from pipeline.media.decode_pool import DECODE_WORKERS_ENV
-from pipeline.stages import gpu_stages
+from pipeline.compose.stages import gpu_stages
 
 # Worker processes import the flows when they start (from the fork server, which has), not
 # when the first task arrives.
@@ -131,7 +131,7 @@ def build_services(cfg: Config, root: str, dask_address: str | None = None) -> I
 def gpu_workers(cfg: Config) -> int:
     """GPU workers a local cluster gets: one per visible GPU (counted through NVML, without
     initialising CUDA in this process) when a stage would run a model on one."""
-    from pipeline.device import cuda_devices
+    from pipeline.models.device import cuda_devices
 
     return cuda_devices() if gpu_stages(cfg) else 0
 

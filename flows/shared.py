@@ -1,4 +1,4 @@
-"""Prefect's backend of pipeline.limits: what tasks share across every worker and every build
+"""Prefect's backend of pipeline.download.limits: what tasks share across every worker and every build
 on the server. Slots are global concurrency limits, rates are global concurrency limits with
 slot decay (Prefect's rate limits), and stores are variables, updated under a limit of one slot.
 Limits a task asks for are created (or resized) on first use in each process."""
@@ -19,7 +19,7 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
 
 from pipeline.ids import safe_id
-from pipeline.limits import Backend, State
+from pipeline.download.limits import Backend, State
 
 _ensured: set[tuple[str, int, float | None]] = set()
 _lock = threading.Lock()

@@ -18,7 +18,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.states import Crashed
 
-from pipeline.rootlock import Holder
+from pipeline.corpus.rootlock import Holder
 
 _CANCELLED = "CANCELLED"
 

@@ -10,7 +10,7 @@ import gc
 
 gc.disable()
 import flows.build  # noqa: E402,F401
-from pipeline.ytdlp import compile_url_patterns  # noqa: E402
+from pipeline.download.ytdlp import compile_url_patterns  # noqa: E402
 
 compile_url_patterns()
 gc.freeze()

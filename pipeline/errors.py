@@ -45,7 +45,7 @@ class BadInputError(StageError):
 
 class NetworkError(TransientError):
     """The network failed on the way to the site (see NETWORK_FAILURE): downloads tell a
-    network that is down from one video's failure with pipeline/outage.py."""
+    network that is down from one video's failure with pipeline/download/outage.py."""
 
 
 class BlockedError(StageError):
@@ -105,7 +105,7 @@ _NETWORK = re.compile(NETWORK_FAILURE, re.I)
 # Of those, the resolver's answer that the name does not exist (EAI_NONAME, EAI_NODATA), as
 # opposed to its "try again" (EAI_AGAIN) when it cannot reach a name server. Still transient on
 # its own: only the same host failing so on several days while others resolve makes it final
-# (pipeline/gone_hosts.py).
+# (pipeline/download/gone_hosts.py).
 _NAME_NOT_FOUND = re.compile(r"Name or service not known|nodename nor servname|getaddrinfo failed"
                              r"|No address associated with hostname|Errno -[25]\b", re.I)
 
@@ -120,7 +120,7 @@ def name_not_found(message: str) -> bool:
     return _NAME_NOT_FOUND.search(message) is not None
 
 
-# A host judged gone from evidence across runs (pipeline/gone_hosts.py): the one permanent
+# A host judged gone from evidence across runs (pipeline/download/gone_hosts.py): the one permanent
 # verdict whose message names a network failure (the resolver's last answer), so planning must
 # not read it as a legacy network row.
 GONE_HOST_PREFIX = "host gone: "

@@ -2,7 +2,7 @@
 its check (``Stage.check``: binaries, packages, models, credentials), and a missing piece is
 one ``SetupError`` line that says what to do, instead of tracebacks after hours of downloads.
 A check downloads no model: one that a build would download on first use passes, with a note
-(pipeline/modelcache.py)."""
+(pipeline/models/cache.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pipeline.errors import SetupError
-from pipeline.modelcache import DownloadOnFirstUse, setup_check
+from pipeline.models.cache import DownloadOnFirstUse, setup_check
 
 if TYPE_CHECKING:
-    from pipeline.storage import Corpus
+    from pipeline.corpus.storage import Corpus
 
 # Package -> the extra that brings it (pyproject.toml's optional dependencies); torch comes
 # with both [features] and [train], and a caller that needs it for training says so.

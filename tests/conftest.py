@@ -99,13 +99,13 @@ def demo_corpus(tmp_path_factory):
     """A demo site of 2 narrated videos (plus the broken and gone pages), discovered and
     downloaded with the real stages (no Prefect), as (corpus root, site dir)."""
     require_binaries("ffmpeg", "ffprobe", "espeak-ng")
-    from pipeline import download
+    from pipeline.download import stage as download
     from pipeline.config import parse_config
     from pipeline.demo import make_demo_media, serve_demo
     from pipeline.discover import discover
     from pipeline.runner import run_stage
-    from pipeline.stages import context
-    from pipeline.storage import Corpus
+    from pipeline.compose.stages import context
+    from pipeline.corpus.storage import Corpus
 
     base = tmp_path_factory.mktemp("demo")
     site, root = base / "site", base / "corpus"

@@ -52,7 +52,7 @@ def use(library: str, config: dict[str, Any], wav: str) -> str:
 
     cfg = parse_config(config)
     if library in ("ctranslate2", "grpc"):
-        from pipeline.asr import get_backend
+        from pipeline.transcribe.asr import get_backend
 
         return " ".join(w.text for w in get_backend(cfg.transcribe.asr).transcribe(wav))
     from pipeline.features import build_extractor
@@ -73,7 +73,7 @@ def main(library: str, workdir: Path) -> None:
 
     from flows.fork_server import WORKER_START, fork_server
     from pipeline.config import parse_config
-    from pipeline.stages import check_build
+    from pipeline.compose.stages import check_build
 
     wav = _speech(workdir)
     server = None

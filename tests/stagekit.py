@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from pipeline.errors import BadInputError, PermanentError, TransientError
 from pipeline.runner import Item, Stage, StageContext, per_item, table_inputs
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 _flaky_seen: set[str] = set()
 

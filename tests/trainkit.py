@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 
 def synthetic_features(corpus: Corpus, n: int = 120, test_every: int = 4) -> None:

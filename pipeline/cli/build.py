@@ -16,7 +16,7 @@ from pipeline.config import ConfigError, load_config
 from pipeline.errors import SetupError
 from pipeline.graph import ORDER, check_name
 from pipeline.progress import LogFormat, logs_to_file
-from pipeline.storage import Corpus, LayoutError
+from pipeline.corpus.storage import Corpus, LayoutError
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Prefect's and Dask's logs on the "
                                        "console too (by default they go to a file under the root).")]
@@ -75,7 +75,7 @@ def _build(config: Path, root: str | None, until: str | None, dask_address: str 
         if until is not None and stage is not None:
             raise ValueError("--until and --stage exclude each other")
         # What the stages need, before Prefect is imported: a refusal comes in a second.
-        from pipeline.stages import check_build
+        from pipeline.compose.stages import check_build
 
         check_build(cfg, until, stage)
     except (ConfigError, ValueError, SetupError) as exc:
@@ -104,7 +104,7 @@ def _build(config: Path, root: str | None, until: str | None, dask_address: str 
 def _time_setup(summary: dict) -> None:
     """The command's seconds before the build's work began (imports, Prefect's server, the Dask
     cluster, the flow run) and of the work, beside the work's own start and end."""
-    from pipeline.started import process_started_at
+    from pipeline.cli.started import process_started_at
 
     timing = summary.get("timing")
     if timing:

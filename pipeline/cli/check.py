@@ -3,12 +3,12 @@ build and without writing anything.
 
 It loads the config as ``build`` does, then runs what a build checks before any work (every
 stage's setup check: extras, models, binaries, credentials; the root: reachable, and creatable
-without creating it), and prints the plan of pipeline/buildplan.py. Unlike a build, which stops
+without creating it), and prints the plan of pipeline/compose/plan.py. Unlike a build, which stops
 at the first problem, it reports every problem, each the build's own line. It downloads no
 model: one a build would download on first use is a warning, one that cannot be had a problem.
 
 JSON shape (``--json``): ``{"config": str, "root": str, "ready": bool, "problems": [str],
-"lock": str | None, ...}`` plus the plan's keys (pipeline/buildplan.py), whose ``warnings``
+"lock": str | None, ...}`` plus the plan's keys (pipeline/compose/plan.py), whose ``warnings``
 here also name each model a build would download on first use.
 """
 
@@ -52,12 +52,12 @@ def check(
 
 
 def _check(cfg: Config, url: str) -> dict[str, Any]:
-    from pipeline.buildplan import build_plan
+    from pipeline.compose.plan import build_plan
     from pipeline.graph import ORDER
-    from pipeline.rootlock import RootLock, stale_reason
+    from pipeline.corpus.rootlock import RootLock, stale_reason
     from pipeline.setup import root_problem, stage_problems
-    from pipeline.stages import parts
-    from pipeline.storage import Corpus, LayoutError
+    from pipeline.compose.stages import parts
+    from pipeline.corpus.storage import Corpus, LayoutError
 
     corpus = Corpus(url)
     unreachable = root_problem(corpus)

@@ -19,8 +19,8 @@ from rich.console import Console
 from pipeline.config import Config, ConfigError, config_from_yaml, load_config
 from pipeline.errors import SetupError
 from pipeline.progress import LogFormat, setup_logging, stdout_console
-from pipeline.storage import Corpus
-from pipeline.summary import print_summary
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.summary import print_summary
 
 app = typer.Typer(
     help="Build video-text corpora: discover, download, transcribe, align, featurize, shard.",

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from pipeline.cli.common import JsonLogs, Root, _emit, _on_target, app, console, existing_corpus
-from pipeline.summary import summarize
+from pipeline.corpus.summary import summarize
 
 
 @app.command()
@@ -18,10 +18,11 @@ def status(
                                                               "the extractors), or a config file.")],
     root: Root = None,
     by_partition: Annotated[bool, typer.Option("--partitions", help="Figures per partition too.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object (shape: pipeline/status.py).")] = False,
+    json_out: Annotated[bool, typer.Option("--json",
+                                           help="One JSON object (shape: pipeline/corpus/status.py).")] = False,
 ) -> None:
     """Per stage: items upstream, done, failed by kind, to do; read-only, safe during a build."""
-    from pipeline.status import corpus_status, print_status
+    from pipeline.corpus.status import corpus_status, print_status
 
     figures = _on_target(target, root, lambda corpus, cfg: corpus_status(corpus, cfg, by_partition))
     if json_out:
@@ -49,8 +50,8 @@ def validate(
     """Check every table against schemas/, that no key is lost between stages, and every shard
     against its index. Damaged shards are taken out of the index: the next build writes them
     again. The verdict goes to stdout; exit 1 on any violation."""
-    from pipeline.validate import hand_back
-    from pipeline.validate import validate as check
+    from pipeline.corpus.validate import hand_back
+    from pipeline.corpus.validate import validate as check
 
     corpus = existing_corpus(root)
     problems = check(corpus, hashes=not quick)
@@ -88,7 +89,7 @@ def migrate(
                                                                "build would choose).")] = None,
 ) -> None:
     """Move a corpus of the flat layout into partitions, in place."""
-    from pipeline.migrate import migrate as move
+    from pipeline.corpus.migrate import migrate as move
 
     report = move(existing_corpus(root), partitions)
     moved = ", ".join(f"{t} {n}" for t, n in report.rows.items()) or "nothing"

@@ -1,5 +1,5 @@
 """``vlcorpus fetch-models``: the published models a config needs, into the libraries' caches
-ahead of a build (pipeline/models_fetch.py)."""
+ahead of a build (pipeline/models/fetch.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def fetch_models(
     except (ConfigError, ValueError) as exc:
         _error(exc)
         raise typer.Exit(2) from None
-    from pipeline.models_fetch import fetch_models as fetch
+    from pipeline.models.fetch import fetch_models as fetch
 
     out = stdout_console()
     failed = 0

@@ -94,7 +94,7 @@ def transcript(
     """Timed sentences of FILE, one JSON object per line."""
     from pipeline.config import AsrConfig, TranscribeConfig
     from pipeline.errors import SetupError, StageError
-    from pipeline.transcribe import transcript_file
+    from pipeline.transcribe.stage import transcript_file
 
     setup_logging("quiet")
     try:

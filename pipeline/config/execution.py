@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipeline.config.problems import raise_if
-from pipeline.partitions import MAX_PARTITIONS
+from pipeline.corpus.partitions import MAX_PARTITIONS
 
 
 class ExecutionConfig(BaseModel):

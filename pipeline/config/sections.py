@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from pipeline.config.problems import Found, raise_if
-from pipeline.ytdlp_args import browser_cookies, extractor_args
+from pipeline.download.ytdlp_args import browser_cookies, extractor_args
 
 
 def _yyyymmdd(value: Any) -> Any:
@@ -98,7 +98,7 @@ class DownloadConfig(BaseModel):
         None, pattern=r"^\d+(\.\d+)?[KMGkmg]?$",
         description='bytes per second per download, e.g. "2M" (yt-dlp --limit-rate)')
     # When the site refuses the session (bot check, HTTP 429, "try again later", HTTP 403
-    # across videos): see pipeline/breaker.py.
+    # across videos): see pipeline/download/breaker.py.
     block_threshold: int = Field(
         3, ge=1, le=50, description="videos refused within block_window_s that pause downloads")
     block_window_s: float = Field(300, gt=0)
@@ -108,7 +108,7 @@ class DownloadConfig(BaseModel):
         3600, gt=0, description="a block lasting longer stops the stage; the videos left are "
                                 "tried again by the next run")
     # When the network fails rather than a site (no name resolves, connections refused or
-    # timing out): see pipeline/outage.py and pipeline/gone_hosts.py.
+    # timing out): see pipeline/download/outage.py and pipeline/download/gone_hosts.py.
     network_threshold: int = Field(
         5, ge=2, le=100, description="videos failing on the network in a row (no site reached in "
                                      "between, within block_window_s) that make the network count "

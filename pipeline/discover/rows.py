@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from yt_dlp.extractor import gen_extractor_classes
 
 from pipeline.ids import video_id
-from pipeline.urls import canonical_url
+from pipeline.discover.urls import canonical_url
 
 
 @dataclass(frozen=True)

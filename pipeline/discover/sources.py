@@ -32,7 +32,7 @@ from pipeline.discover.rows import BadRecord, known_number, row_from_entry, row_
 from pipeline.errors import BadInputError
 from pipeline.ids import safe_id
 from pipeline.progress import log
-from pipeline.ytdlp import base_options, extract
+from pipeline.download.ytdlp import base_options, extract
 
 
 @dataclass(frozen=True)

@@ -21,17 +21,17 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from pipeline import partitions
+from pipeline.corpus import partitions
 from pipeline.config import Config
 from pipeline.discover.filters import drop_reason, scheme_problem
 from pipeline.discover.rows import BadRecord
 from pipeline.discover.sources import Query, list_query, queries
 from pipeline.errors import ErrorKind, classify
 from pipeline.ids import batch_name
-from pipeline.partitions import CORPUS, index_of as partition_index
+from pipeline.corpus.partitions import CORPUS, index_of as partition_index
 from pipeline.progress import log, track
 from pipeline.runner import RetryPolicy, StageContext, error_row, retrying
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from schemas.tables import VIDEOS
 
 @dataclass

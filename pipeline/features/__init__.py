@@ -18,7 +18,7 @@
 | text:<hf id or folder> | [D] or [K, D] | - | the model itself, from a folder or the HF cache |
 
 A published model missing from its cache is downloaded into it on first use
-(pipeline/modelcache.py); ``published_models`` names them for ``vlcorpus fetch-models``.
+(pipeline/models/cache.py); ``published_models`` names them for ``vlcorpus fetch-models``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pipeline.features import milnce, resnet, s3d, text, tsm  # noqa: F401  (eac
 from pipeline.features.base import TextExtractor, VisualExtractor, torch_device
 from pipeline.features.registry import EXTRACTORS, NEEDS, Builder, Extractor, register, registered_name
 from pipeline.features.weights import WeightsError
-from pipeline.modelcache import Published
+from pipeline.models.cache import Published
 
 
 def _registered(cfg: ExtractorConfig) -> str:
@@ -43,7 +43,7 @@ def _registered(cfg: ExtractorConfig) -> str:
 def build_extractor(cfg: ExtractorConfig, frames: FramesConfig, features: FeaturesConfig) -> Extractor:
     """The extractor ``cfg.name`` names, with its model and weights loaded: a missing weight
     file or package fails here, before any item runs; missing published weights are
-    downloaded here (pipeline/modelcache.py)."""
+    downloaded here (pipeline/models/cache.py)."""
     return EXTRACTORS[_registered(cfg)](cfg, frames, features)
 
 

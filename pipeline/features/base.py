@@ -24,7 +24,7 @@ from torch import nn
 from torchvision.transforms import functional as TF
 
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
-from pipeline.device import pick_device
+from pipeline.models.device import pick_device
 from pipeline.errors import SetupError
 from pipeline.media import FrameSpec
 

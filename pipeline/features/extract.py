@@ -1,4 +1,4 @@
-"""Features of a batch of clips, for the featurize stage (pipeline/featurize.py).
+"""Features of a batch of clips, for the featurize stage (pipeline/featurize/stage.py).
 
 For visual extractors, frames
 are decoded once per video (``media.sample_frames``) in worker processes, one per core by

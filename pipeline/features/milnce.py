@@ -44,7 +44,7 @@ from pipeline.features.weights import (
     random_init,
     read_state_dict,
 )
-from pipeline.modelcache import FETCH_HINT, Published, obtain
+from pipeline.models.cache import FETCH_HINT, Published, obtain
 
 PUBLISHED = "https://www.rocq.inria.fr/cluster-willow/amiech/howto100m/"
 WEIGHTS_FILE = "s3d_howto100m.pth"

@@ -8,7 +8,7 @@ from typing import TypeAlias
 
 from pipeline.config import TEXT_PREFIX, ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.features.base import TextExtractor, VisualExtractor
-from pipeline.modelcache import Published
+from pipeline.models.cache import Published
 
 Extractor: TypeAlias = VisualExtractor | TextExtractor
 # A builder loads the model and its weights, so a setup problem surfaces before any item runs.

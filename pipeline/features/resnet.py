@@ -14,7 +14,7 @@ from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.features.base import TorchVisualExtractor, frame_spec
 from pipeline.features.registry import register
 from pipeline.features.weights import downloads_off, torchvision_model, torchvision_needs
-from pipeline.modelcache import Published
+from pipeline.models.cache import Published
 
 # name -> (builder, weights enum, feature size, default fps). zero_init_residual only matters
 # for random init ("none"): without it ResNet-152 features reach 1e8, past float16 storage.

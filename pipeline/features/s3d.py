@@ -11,7 +11,7 @@ from pipeline.errors import SetupError
 from pipeline.features.base import TorchVisualExtractor, frame_spec
 from pipeline.features.registry import register
 from pipeline.features.weights import downloads_off, torchvision_model, torchvision_needs
-from pipeline.modelcache import Published
+from pipeline.models.cache import Published
 
 _WEIGHTS = models.video.S3D_Weights
 _TRANSFORMS = _WEIGHTS.KINETICS400_V1.transforms()

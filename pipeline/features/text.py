@@ -1,6 +1,6 @@
 """Sentence features from any Hugging Face encoder (BERT for WAL, BART for S-MiT, MiniLM...):
 ``text:<model id or folder>``. Models load from a local folder or the Hugging Face cache, where
-a model id is downloaded on first use (pipeline/modelcache.py); transformers itself never goes
+a model id is downloaded on first use (pipeline/models/cache.py); transformers itself never goes
 to the network. Encoder-decoder models (BART, T5) use their encoder.
 """
 
@@ -15,8 +15,8 @@ from pipeline.errors import SetupError
 from pipeline.features.base import TextExtractor, autocast_dtype, inference, torch_device
 from pipeline.features.registry import register
 from pipeline.features.weights import WeightsError, downloads_off, file_id, local_weights, random_init
-from pipeline.hub import cache_folder, hub_model
-from pipeline.modelcache import FETCH_HINT, Published, obtain
+from pipeline.models.hub import cache_folder, hub_model
+from pipeline.models.cache import FETCH_HINT, Published, obtain
 
 # The file of a saved model whose hash identifies its weights, in order of preference.
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",

@@ -1,7 +1,7 @@
 """Where model weights come from, and what a row records about them.
 
 Every extractor takes ``weights`` from its config: ``"default"`` (the published weights, from
-the library's cache, downloaded into it on first use as pipeline/modelcache.py says), ``"none"``
+the library's cache, downloaded into it on first use as pipeline/models/cache.py says), ``"none"``
 (random, seeded, so two runs agree), a local file or folder, or ``"package:<module>"``: the
 folder an installed Python package ships its model in, as ``<module>.get_model_path()`` returns
 it (the way models reach machines that only have a package index, e.g.
@@ -28,7 +28,7 @@ from torchvision.models._api import WeightsEnum
 
 from pipeline.config import FeaturesConfig
 from pipeline.errors import SetupError
-from pipeline.modelcache import FETCH_HINT, Published, obtain
+from pipeline.models.cache import FETCH_HINT, Published, obtain
 from pipeline.progress import log
 
 SEED = 0  # random init ("none") is seeded: the same config gives the same features

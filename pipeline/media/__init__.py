@@ -1,5 +1,6 @@
 """Media files: what they hold (probe), their audio for ASR (audio), the frames each clip needs
 (frames, PyAV, one decode per video) and clips cut out of them (clips, ffmpeg processes side by side).
+Frame sampling also runs in worker processes (decode_pool), talking to them over pipes (pipes).
 Every ffmpeg process goes through process.run_ffmpeg."""
 
 from pipeline.media.audio import extract_audio, read_wav

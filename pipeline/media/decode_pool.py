@@ -24,10 +24,8 @@ import atexit
 import contextlib
 import math
 import os
-import pickle
 import queue
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -41,13 +39,12 @@ import numpy as np
 
 from pipeline.errors import BadInputError, ErrorKind, StageError, TransientError, classify, error
 from pipeline.media.frames import FrameRequest, sample_frames
+from pipeline.media.pipes import grow_pipe, read_message, write_message
 
 # A part of a video decoded by one worker covers at least this much of it: each part starts
 # with a seek to the keyframe before its first frame, which costs up to one keyframe interval
 # of frames nobody wants.
 MIN_PART_S = 30.0
-_HEADER = struct.Struct("<I")  # length of the pickled message that follows
-_PIPE_BYTES = 1 << 20  # pipe buffer asked for (Linux): fewer wake-ups per clip of frames
 _FINISHED = object()  # a job's end, on its call's queue
 _CRASHES = {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL}
 
@@ -255,17 +252,17 @@ class _Worker:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.send_to: IO[bytes] = self.proc.stdin
         self.read_from: IO[bytes] = self.proc.stdout
-        _grow_pipe(self.read_from)
+        grow_pipe(self.read_from)
 
     def send(self, message: object) -> None:
         try:
-            _write_message(self.send_to, message)
+            write_message(self.send_to, message)
         except (OSError, ValueError):  # its end of the pipe is gone (ValueError: closed here)
             raise self._died() from None
 
     def receive(self) -> Any:
         try:
-            message = _read_message(self.read_from)
+            message = read_message(self.read_from)
         except (OSError, ValueError):
             message = None
         if message is None:
@@ -389,59 +386,25 @@ def _close_pools() -> None:
         _pools.clear()
 
 
-def _grow_pipe(pipe: IO[bytes]) -> None:
-    # Not Linux, or above the system's limit: the default buffer works too.
-    with contextlib.suppress(ImportError, AttributeError, OSError):
-        import fcntl
-
-        fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-
-
-def _write_message(pipe: IO[bytes], message: object) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    pipe.write(_HEADER.pack(len(data)) + data)
-    pipe.flush()
-
-
-def _read_message(pipe: IO[bytes]) -> Any:
-    """The next message, or None at the end of the stream."""
-    head = _read_exactly(pipe, _HEADER.size)
-    if head is None:
-        return None
-    body = _read_exactly(pipe, _HEADER.unpack(head)[0])
-    return None if body is None else pickle.loads(body)
-
-
-def _read_exactly(pipe: IO[bytes], size: int) -> bytes | None:
-    chunks, left = [], size
-    while left:
-        chunk = pipe.read(left)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
 def _serve(threads: int, jobs: IO[bytes], out: IO[bytes]) -> None:
     """The worker's loop: for each job, one message per request (its frames' shape followed by
     their bytes, or its error), until the input ends."""
-    while (job := _read_message(jobs)) is not None:
+    while (job := read_message(jobs)) is not None:
         path, requests, skip_nonref = job
         done: set[str] = set()
         try:
             for key, frames in sample_frames(path, requests, threads, skip_nonref):
                 done.add(key)
                 if isinstance(frames, StageError):
-                    _write_message(out, (frames.kind.value, key, str(frames)))
+                    write_message(out, (frames.kind.value, key, str(frames)))
                 else:
-                    _write_message(out, ("frames", key, frames.shape))
+                    write_message(out, ("frames", key, frames.shape))
                     out.write(memoryview(np.ascontiguousarray(frames)).cast("B"))
                     out.flush()
         except Exception as exc:  # noqa: BLE001 - the rest of the job's requests fail with it
             for request in requests:
                 if request.key not in done:
-                    _write_message(out, (ErrorKind.BAD_INPUT.value, request.key, f"decode failed: {exc}"))
+                    write_message(out, (ErrorKind.BAD_INPUT.value, request.key, f"decode failed: {exc}"))
 
 
 def main() -> None:

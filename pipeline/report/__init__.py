@@ -1,7 +1,7 @@
 """The report stage: ``report/stats.json`` and ``report/report.html`` from all tables, the
 newest build's timing, the shard listings, the training runs and the score tables.
 
-Gathering (``stats``, ``runs``, ``clips``, and ``pipeline.score_summary`` for the scores) reads
+Gathering (``stats``, ``runs``, ``clips``, and ``pipeline.report.scores`` for the scores) reads
 the corpus partition by partition; ``plots`` draws the figures; ``render`` fills the Jinja
 template (``templates/report.html.j2``) with autoescaping, so every user-provided string
 (titles, sentences, queries, error messages) is escaped. The page is self-contained: figures

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from pipeline.media import FrameRequest, FrameSpec, sample_frames
 from pipeline.progress import log
 from pipeline.report.plots import plt, png_uri
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 SAMPLE_CLIPS = 12
 

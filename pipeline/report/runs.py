@@ -9,7 +9,7 @@ from typing import Any
 
 from pipeline.graph import AFTER_TRAIN, ORDER, SPLITS
 from pipeline.shards.index import FORMATS, listing_path, load_listing
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 # A part's items and how its throughput reads: (noun, factor, unit).
 _RATES = {

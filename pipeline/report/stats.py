@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import partsummary
+from pipeline.corpus import partsummary
 from pipeline.graph import family_lineage
 from pipeline.report.runs import build_timing, shard_listing, training_runs
-from pipeline.score_summary import score_summary
-from pipeline.storage import Corpus
-from pipeline.summary import summarize
+from pipeline.report.scores import score_summary
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.summary import summarize
 
 # URLs, paths, hex ids and numbers: blanked so that alike errors group (RE2 syntax, for Arrow).
 _VARIABLE = re.compile(r"https?://\S+|/\S+|\b[0-9a-f]{8,}\b|\d+(\.\d+)?")
@@ -97,7 +97,7 @@ def _read(corpus: Corpus, table: str, columns: list[str], partition: str) -> pa.
 
 
 def download_runs(corpus: Corpus) -> list[dict[str, Any]]:
-    """The figures each download run left in ``runs/download/`` (pipeline/download.py), oldest
+    """The figures each download run left in ``runs/download/`` (pipeline/download/stage.py), oldest
     first: downloads per minute, pauses for blocks, outcomes by kind."""
     paths = sorted(corpus.fs.glob(corpus.path("runs/download/*.json")))
     return [json.loads(corpus.fs.cat(path)) for path in paths]

@@ -14,7 +14,7 @@ import pyarrow.dataset as ds
 
 from pipeline.errors import GONE_HOST_PREFIX, LEGACY_INTERNAL_PREFIX, NETWORK_FAILURE, ErrorKind
 from pipeline.runner.stage import Item, Stage, StageContext, StageReport
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 # Failures no later run retries (unless --retry-failed): retrying cannot fix them.
 FINAL_KINDS = (ErrorKind.PERMANENT.value, ErrorKind.BAD_INPUT.value)

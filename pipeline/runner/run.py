@@ -11,14 +11,14 @@ from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline import partitions
+from pipeline.corpus import partitions
 from pipeline.errors import ErrorKind, SetupError, StageStopped, classify
 from pipeline.ids import batch_name
 from pipeline.progress import StepProgress, log
 from pipeline.runner.plan import plan_partition
 from pipeline.runner.stage import BatchReport, Item, Outcome, Stage, StageContext, StageReport, Step
+from pipeline.corpus.storage import Corpus
 from pipeline.runner.watchdog import Stalled, run_watched
-from pipeline.storage import Corpus
 
 
 def run_batch(stage: Stage, items: Sequence[Item], ctx: StageContext, partition: str,

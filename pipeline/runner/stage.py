@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 
 from pipeline.errors import ErrorKind, SetupError, StageStopped, classify
 from pipeline.progress import beat, log
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 
 @dataclass(frozen=True)

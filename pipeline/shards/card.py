@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.shards.index import ROOT
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from schemas.tables import CLIPS, SHARD_SCORE
 
 CARD = "README.md"

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 INDEX_VERSION = 2
 ROOT = "shards"

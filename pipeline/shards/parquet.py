@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from pipeline.shards.hashing import HashingWriter
 from pipeline.shards.index import ShardFile
 from pipeline.shards.samples import Sample
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from schemas.tables import CLIPS, shard_schema
 
 FOLDER = "shards/parquet"

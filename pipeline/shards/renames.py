@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from pipeline.shards.index import ROOT, PartitionIndex
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 _OLD = re.compile(r"^split=(?P<split>[^/]+)/part-(?P<rest>[^/]+\.parquet)$")
 

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from pipeline import graph
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 CLIP_FIELDS = ("clip_id", "video_id", "start_s", "end_s", "text", "source", "policy",
                "segment_index", "candidates", "split")

@@ -32,7 +32,7 @@ import pyarrow.dataset as ds
 from pipeline import graph
 from pipeline.config import Config
 from pipeline.errors import BadInputError
-from pipeline.featurize import clips_with_media
+from pipeline.featurize.stage import clips_with_media
 from pipeline.media import ClipCut, cut_videos
 from pipeline.runner import Item, Outcome, Stage, StageContext, final_errors, run_partition
 from pipeline.setup import require_binaries
@@ -42,7 +42,7 @@ from pipeline.shards.parquet import part_name, write_part
 from pipeline.shards.renames import rename_old_parts
 from pipeline.shards.samples import Sample, batch_samples, feature_tables
 from pipeline.shards.webdataset import encode, record_bytes, tar_name, write_tar
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 
 def _cut_media(corpus: Corpus, cfg: Config, items: Sequence[Item],

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from pipeline.shards.index import ROOT, PartitionIndex, ShardEntry, ShardFile, index_path
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 _CHUNK = 4 << 20
 _READERS = 8  # indexes read, shards hashed at once: an object store answers each read slowly, not a disk

@@ -20,7 +20,7 @@ from pipeline.ids import check_member
 from pipeline.shards.hashing import HashingWriter
 from pipeline.shards.index import ShardFile
 from pipeline.shards.samples import Sample
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 FOLDER = "shards/webdataset"
 

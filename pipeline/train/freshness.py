@@ -22,11 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline import graph, partsummary, summary
+from pipeline import graph
+from pipeline.corpus import partsummary, summary
 from pipeline.config import Config, TrainConfig
 from pipeline.ids import feature_key
-from pipeline.scoring import trained_checkpoint_id
-from pipeline.storage import Corpus
+from pipeline.score.stage import trained_checkpoint_id
+from pipeline.corpus.storage import Corpus
 
 RECORD = "trained_on.json"
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.config import TrainConfig
-from pipeline.device import pick_device
-from pipeline.storage import Corpus
+from pipeline.models.device import pick_device
+from pipeline.corpus.storage import Corpus
 from pipeline.train import losses
 from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, concat_candidates, epoch_rng
 from pipeline.train.checkpoint import UnsafeCheckpoint, load_checkpoint

@@ -13,7 +13,7 @@ import fsspec
 from pipeline.config import Config
 from pipeline.progress import log
 from pipeline.runner import StageContext
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from pipeline.train import freshness
 from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.evaluation import EvalOn

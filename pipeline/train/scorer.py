@@ -6,7 +6,7 @@ Two kinds of model score: any model the trainer trained (`TrainedScorer`, from i
 checkpoint; its own similarity, as retrieval ranks with it) and the published MIL-NCE S3D's two
 towers (`MilNceScorer`: the s3d_howto100m video embeddings the featurize stage stored, and the
 checkpoint's text tower run on the sentences; the dot product, as the paper scores). The score
-stage (pipeline/scoring.py) and bench/score_noisy.py both go through `score_clips`.
+stage (pipeline/score/stage.py) and bench/score_noisy.py both go through `score_clips`.
 """
 
 from __future__ import annotations

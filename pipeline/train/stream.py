@@ -23,7 +23,7 @@ import pyarrow.dataset as ds
 from pipeline.config import StreamConfig
 from pipeline.ids import feature_key
 from pipeline.shards.samples import features_in
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from pipeline.train.pairs import SPLITS, PairSet, PairsError, concat_visual
 
 CLIP_COLUMNS = ["clip_id", "video_id", "text", "split", "candidates"]

@@ -18,7 +18,7 @@ import stagekit
 from checkkit import LISTS, TSM_FILE, listing, provide, put_models, starter, vlcorpus
 from hubkit import hub_env, stand_in_hub, unreachable_hub
 from pipeline.starter import STYLES
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import stagekit
 import trainkit
 from conftest import require_binaries
 from pipeline.runner import RetryPolicy, StageContext, run_stage
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 
 def vlcorpus(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -106,8 +106,8 @@ def test_the_core_install_builds_shards_from_subtitles(tmp_path, core_only):
     multi-process Dask cluster, with none of the extras."""
     require_binaries("ffmpeg", "ffprobe", "espeak-ng")
     from pipeline.demo import make_demo_media, serve_demo
-    from pipeline.storage import Corpus
-    from pipeline.validate import validate
+    from pipeline.corpus.storage import Corpus
+    from pipeline.corpus.validate import validate
 
     site, root = tmp_path / "site", tmp_path / "corpus"
     make_demo_media(site, n_videos=2, seed=0, quiet=True)

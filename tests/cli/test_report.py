@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 from markupsafe import escape
 
-from pipeline import align, transcribe
+from pipeline.align import stage as align
+from pipeline.transcribe import stage as transcribe
 from pipeline.config import parse_config
 from pipeline.report import message_class, write_report
 from pipeline.runner import StageContext, StageReport, run_stage
-from pipeline.score_summary import score_summary
+from pipeline.report.scores import score_summary
 from pipeline.shards.stage import write_shards
-from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -336,7 +337,7 @@ def scored(tmp_path_factory) -> Corpus:
     that scored (the shard stage in two passes around score) and the report."""
     import trainkit
     from flows.build import record_run
-    from pipeline.scoring import make_stage
+    from pipeline.score.stage import make_stage
     from pipeline.train.run import train_corpus
 
     root = tmp_path_factory.mktemp("scored") / "corpus"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import stagekit
-from pipeline import partitions
+from pipeline.corpus import partitions
 from pipeline.errors import BlockedError, TransientError
 from pipeline.runner import (
     RetryPolicy,
@@ -26,7 +26,7 @@ from pipeline.runner import (
     table_inputs,
 )
 from pipeline.shards.index import PartitionIndex, ShardEntry
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 CONFIG = """\
 name: status_test
@@ -169,8 +169,8 @@ def test_status_per_partition_adds_up_and_prints_a_table(tmp_path):
 def test_status_agrees_with_the_runners_plan(tmp_path):
     from pipeline.config import load_config
     from pipeline.runner import plan_partition
-    from pipeline.stages import context
-    from pipeline.status import corpus_status, partition_stages
+    from pipeline.compose.stages import context
+    from pipeline.corpus.status import corpus_status, partition_stages
 
     root = tmp_path / "corpus"
     build(root)
@@ -191,7 +191,7 @@ def test_status_runs_while_another_process_holds_the_root_lock(tmp_path):
     expected = build(root)
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from pipeline.rootlock import root_lock
+        from pipeline.corpus.rootlock import root_lock
         with root_lock({str(root)!r}, "a build in a test"):
             print("held", flush=True)
             sys.stdin.read()
@@ -215,7 +215,7 @@ def test_status_reads_while_batches_are_committed_and_compacted(tmp_path, monkey
     whole (upstream = done + final + to do), never goes back, and the last one sees the stage
     finished."""
     from pipeline.config import load_config
-    from pipeline.status import corpus_status
+    from pipeline.corpus.status import corpus_status
 
     root = tmp_path / "corpus"
     root.mkdir()
@@ -238,7 +238,7 @@ def test_status_reads_while_batches_are_committed_and_compacted(tmp_path, monkey
 
 
 def test_a_listed_file_deleted_before_it_is_read_is_read_again(tmp_path, monkeypatch):
-    import pipeline.status as status_module
+    import pipeline.corpus.status as status_module
 
     root = tmp_path / "corpus"
     expected = build(root)

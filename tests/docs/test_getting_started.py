@@ -24,7 +24,7 @@ import yaml
 from conftest import require_binaries
 from docskit import DOCS, ROOT, code_blocks, commands
 
-from pipeline.align import split_for
+from pipeline.align.stage import split_for
 from pipeline.demo.model import DemoSite
 from pipeline.demo.serve import serve_demo
 from pipeline.discover.rows import id_for_url

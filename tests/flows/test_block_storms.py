@@ -21,8 +21,8 @@ from conftest import require_binaries
 from flakyserver import Block, flaky_server, tiny_mp4
 from flows.build import run_build
 from pipeline.config import parse_config
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 

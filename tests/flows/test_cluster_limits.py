@@ -1,4 +1,4 @@
-"""The Dask cluster's backend of pipeline.limits (flows/cluster_limits.py), which builds on their
+"""The Dask cluster's backend of pipeline.download.limits (flows/cluster_limits.py), which builds on their
 own temporary Prefect server use, on a real cluster of two worker processes: slots, stores and
 rates hold across the processes, and a client outside the workers (the flow's) sees the same
 states. The process backend's rate is checked the same way across threads. Each backend's store
@@ -15,8 +15,8 @@ import pytest
 from distributed import Client, LocalCluster
 
 from flows.cluster_limits import cluster_backend
-from pipeline.breaker import Policy, refused
-from pipeline.limits import PROCESS
+from pipeline.download.breaker import Policy, refused
+from pipeline.download.limits import PROCESS
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import tests/
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from conftest import ROOT, require_binaries
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 

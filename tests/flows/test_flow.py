@@ -9,10 +9,11 @@ import pytest
 
 import stagekit
 from flows.build import run_build
-from pipeline import graph, stages
+from pipeline import graph
+from pipeline.compose import stages
 from pipeline.config import parse_config
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 

@@ -53,7 +53,7 @@ def _refusing(name: str):
 def test_the_builds_process_never_initialises_cuda(videos, tmp_path, monkeypatch):
     """The checks and the cluster's start with every way into CUDA refused."""
     from flows.services import build_services
-    from pipeline.stages import check_build
+    from pipeline.compose.stages import check_build
 
     for name in ("_lazy_init", "init", "is_available", "current_device", "set_device"):
         monkeypatch.setattr(torch.cuda, name, _refusing(name))
@@ -71,7 +71,7 @@ def test_the_builds_process_never_initialises_cuda(videos, tmp_path, monkeypatch
 def test_each_gpu_gets_a_worker_that_takes_featurize_and_asr(videos, tmp_path, monkeypatch):
     from flows.build import run_build
 
-    monkeypatch.setattr("pipeline.device.cuda_devices", lambda: 1)
+    monkeypatch.setattr("pipeline.models.device.cuda_devices", lambda: 1)
     summary = run_build(_config(videos), root=str(tmp_path / "root"), until="featurize")
     stages = summary["stages"]
     assert stages["transcribe"]["ok"] == 1 and stages["featurize:resnet34"]["ok"] >= 1, stages
@@ -80,7 +80,7 @@ def test_each_gpu_gets_a_worker_that_takes_featurize_and_asr(videos, tmp_path, m
 
 
 def test_the_gpu_stages_follow_the_devices_the_config_names(videos):
-    from pipeline.stages import gpu_stages
+    from pipeline.compose.stages import gpu_stages
 
     assert gpu_stages(_config(videos)) == {"featurize", "transcribe"}
     assert gpu_stages(_config(videos, features={"device": "cpu", "extractors": [{"name": "resnet34"}]},

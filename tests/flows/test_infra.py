@@ -141,7 +141,7 @@ def test_served_deployment_triggered_through_the_api(prefect_server, demo_corpus
     from prefect.deployments import run_deployment
 
     from pipeline.demo import serve_demo
-    from pipeline.storage import Corpus
+    from pipeline.corpus.storage import Corpus
 
     _, site = demo_corpus
     server = subprocess.Popen([sys.executable, "-c", SERVE], cwd=ROOT)

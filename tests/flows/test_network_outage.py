@@ -17,10 +17,10 @@ from flakyserver import flaky_server, tiny_mp4
 from resolverkit import shared
 from flows.build import run_build
 from pipeline.config import parse_config
-from pipeline.outage import network_down
-from pipeline.status import corpus_status, print_status
-from pipeline.status import network_down as status_network_down
-from pipeline.storage import Corpus
+from pipeline.download.outage import network_down
+from pipeline.corpus.status import corpus_status, print_status
+from pipeline.corpus.status import network_down as status_network_down
+from pipeline.corpus.storage import Corpus
 
 pytestmark = pytest.mark.slow
 

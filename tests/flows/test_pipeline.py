@@ -16,8 +16,8 @@ from conftest import require_binaries
 from flows.build import run_build
 from pipeline.config import parse_config
 from pipeline.demo import serve_demo
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 VIDEOS = 6

@@ -308,7 +308,7 @@ def _table_files(root: Path) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_rebuild_runs_on_the_worker_then_resumes_with_nothing_redone(stack, tmp_path):
-    from pipeline.storage import Corpus
+    from pipeline.corpus.storage import Corpus
 
     root = tmp_path / "corpus"
     first = _wait_final(stack.trigger(f"root={root}"), stack)
@@ -353,7 +353,7 @@ def test_a_schedule_fires_and_the_worker_runs_it(stack, tmp_path):
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName, FlowRunFilter
     from prefect.client.schemas.filters import FlowRunFilterDeploymentId
 
-    from pipeline.storage import Corpus
+    from pipeline.corpus.storage import Corpus
 
     root = tmp_path / "scheduled"
     deployments = tmp_path / "scheduled.yaml"
@@ -392,8 +392,8 @@ def test_a_schedule_fires_and_the_worker_runs_it(stack, tmp_path):
 
 @pytest.mark.slow
 def test_overlapping_builds_of_one_root_never_interleave(stack, tmp_path):
-    from pipeline.rootlock import root_lock
-    from pipeline.storage import Corpus
+    from pipeline.corpus.rootlock import root_lock
+    from pipeline.corpus.storage import Corpus
 
     # A build that another deployment (or `vlcorpus build`) runs on the root holds its lock.
     root = tmp_path / "locked"

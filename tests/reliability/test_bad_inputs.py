@@ -36,16 +36,19 @@ from conftest import require_binaries
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import align, download, featurize, transcribe
+from pipeline.align import stage as align
+from pipeline.featurize import stage as featurize
+from pipeline.transcribe import stage as transcribe
+from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.discover import discover, id_for_url
 from pipeline.errors import BadInputError
 from pipeline.ids import video_id
 from pipeline.media import FrameRequest, FrameSpec, frame_times
 from pipeline.runner import Item, Stage, StageReport, run_stage
-from pipeline.stages import context
-from pipeline.storage import Corpus
-from pipeline.subtitles import MAX_SUBTITLE_BYTES, subtitle_sentences
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
+from pipeline.transcribe.subtitles import MAX_SUBTITLE_BYTES, subtitle_sentences
 
 FINAL = ("bad_input", "permanent")
 VTT = ("WEBVTT\n\n00:00:00.200 --> 00:00:01.400\nHere is the kitchen.\n\n"

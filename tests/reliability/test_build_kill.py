@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from pipeline.demo import serve_demo
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 pytestmark = pytest.mark.slow
 VOLATILE = {"discovered_at", "downloaded_at", "released_at", "time"}

@@ -25,14 +25,14 @@ import pytest
 import yaml
 
 from conftest import ROOT, dask_cluster, require_binaries
-from pipeline import download
+from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.demo import serve_demo
 from pipeline.discover import discover
 from pipeline.runner import run_stage
-from pipeline.stages import context
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 VOLATILE = {"discovered_at", "downloaded_at", "released_at", "time"}
@@ -44,8 +44,8 @@ DRIVER = """
 import sys
 from pipeline.config import load_config
 from pipeline.graph import ORDER
-from pipeline.stages import context, run_local
-from pipeline.storage import Corpus
+from pipeline.compose.stages import context, run_local
+from pipeline.corpus.storage import Corpus
 
 cfg = load_config(sys.argv[1])
 ctx = context(Corpus(sys.argv[2]), cfg)

@@ -13,14 +13,14 @@ import pyarrow as pa
 import pytest
 
 from conftest import TESTS
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 SCRIPT = """
 import sys
 import stagekit
 from pipeline.runner import RetryPolicy, StageContext, run_stage
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 ctx = StageContext(Corpus(sys.argv[1]), None, RetryPolicy(2, 0, 0))
 if not ctx.corpus.table_files("videos"):
     stagekit.make_videos(ctx.corpus, 24, extra=("bad1", "gone1", "silent1"))

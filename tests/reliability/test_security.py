@@ -23,8 +23,8 @@ from flakyserver import forward_proxy
 from flows.build import run_build
 from pipeline.config import parse_config
 from pipeline.demo import serve_demo
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 PROXY_PASSWORD = "pr0xy-pa55-7f3a9c"

@@ -7,13 +7,14 @@ from collections import Counter
 
 import pytest
 
-from pipeline import align, transcribe
-from pipeline.align import Span, fixed_spans, split_for, subtitle_spans, whole_span
+from pipeline.align import stage as align
+from pipeline.transcribe import stage as transcribe
+from pipeline.align.stage import Span, fixed_spans, split_for, subtitle_spans, whole_span
 from pipeline.config import AlignConfig, parse_config
 from pipeline.runner import run_stage
-from pipeline.stages import context
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 
 def spans(*times: tuple[float, float], text: str = "word") -> list[Span]:

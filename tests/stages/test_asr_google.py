@@ -23,8 +23,8 @@ grpc = pytest.importorskip("grpc")
 from google.longrunning import operations_pb2  # noqa: E402
 from google.protobuf import any_pb2  # noqa: E402
 
-from pipeline.asr import AsrSetupError, get_backend  # noqa: E402
-from pipeline.asr.google import GoogleBackend, _insecure_target  # noqa: E402
+from pipeline.transcribe.asr import AsrSetupError, get_backend  # noqa: E402
+from pipeline.transcribe.asr.google import GoogleBackend, _insecure_target  # noqa: E402
 from pipeline.config import AsrConfig  # noqa: E402
 from pipeline.errors import BadInputError, PermanentError, TransientError  # noqa: E402
 
@@ -205,7 +205,7 @@ def assert_words(words) -> None:
 def test_chunks_offsets_retry_and_mapping(fake, tmp_path, caplog):
     wav = write_wav(tmp_path / "tones.wav")
     b = backend(fake, chunk_s=55)
-    with caplog.at_level(logging.WARNING, logger="pipeline.asr.google"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.transcribe.asr.google"):
         words = b.transcribe(wav)
     assert_words(words)
     # 130 s in 55 s chunks: 55 + 55 + 20; the first call was answered UNAVAILABLE and retried.

@@ -13,11 +13,11 @@ from conftest import require_binaries
 from hubkit import Hub, hub_env, stand_in_hub, unreachable_hub
 from speech import tiny_model_path, wer
 
-from pipeline.asr import AsrSetupError, get_backend, transcribe_media
+from pipeline.transcribe.asr import AsrSetupError, get_backend, transcribe_media
 from pipeline.config import AsrConfig, SentenceConfig
 from pipeline.errors import BadInputError
 from pipeline.media import extract_audio
-from pipeline.segment import split_sentences
+from pipeline.transcribe.segment import split_sentences
 
 pytest.importorskip("faster_whisper")
 

@@ -1,4 +1,4 @@
-"""The download breaker's policy (pipeline/breaker.py) on explicit times: when an egress trips,
+"""The download breaker's policy (pipeline/download/breaker.py) on explicit times: when an egress trips,
 how its cool-down grows and ends, which egress a download takes, when a block stops the stage,
 and how an HTTP 403 is judged."""
 
@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pipeline.breaker import Gate, Policy, blocked_for, choose, fresh, paused, refused, succeeded
+from pipeline.download.breaker import Gate, Policy, blocked_for, choose, fresh, paused, refused, succeeded
 from pipeline.errors import ErrorKind, StageStopped
-from pipeline.limits import PROCESS
+from pipeline.download.limits import PROCESS
 
 POLICY = Policy(threshold=3, window_s=60, cooldown_s=10, cooldown_max_s=35, max_block_s=100)
 

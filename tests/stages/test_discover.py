@@ -13,9 +13,9 @@ from yt_dlp.extractor.youtube import YoutubeSearchIE
 from conftest import ROOT, TESTS
 from pipeline.config import load_config, parse_config
 from pipeline.discover import discover, id_for_url, queries
-from pipeline.stages import context
-from pipeline.storage import Corpus
-from pipeline.urls import canonical_url
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
+from pipeline.discover.urls import canonical_url
 
 DATA = TESTS / "data"
 CONFIGS = ROOT / "configs"

@@ -7,15 +7,15 @@ import logging
 
 import pytest
 
-from pipeline import download
+from pipeline.download import stage as download
 from pipeline.config import ConfigError, parse_config
 from pipeline.demo import serve_demo
 from pipeline.discover import discover
 from pipeline.media import probe
 from pipeline.runner import run_stage
-from pipeline.stages import context
-from pipeline.storage import Corpus
-from pipeline.ytdlp import base_options, classify_message
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
+from pipeline.download.ytdlp import base_options, classify_message
 
 SECRET = "s3cret-pa55"
 

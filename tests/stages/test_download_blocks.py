@@ -16,12 +16,13 @@ import pytest
 
 from conftest import require_binaries
 from flakyserver import Block, flaky_server, forward_proxy, tiny_mp4
-from pipeline import breaker, download, limits, transcribe
+from pipeline.transcribe import stage as transcribe
+from pipeline.download import breaker, stage as download, limits
 from pipeline.config import parse_config
 from pipeline.discover import discover
 from pipeline.runner import run_stage
-from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ import pytest
 
 from conftest import require_binaries
 from flakyserver import flaky_server, tiny_mp4
-from pipeline import download
+from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.discover import discover
 from pipeline.runner import run_stage
-from pipeline.stages import context
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 

@@ -18,14 +18,14 @@ import pytest
 from conftest import require_binaries
 from flakyserver import flaky_server, tiny_mp4
 from resolverkit import resolver
-from pipeline import download, gone_hosts, limits, outage
+from pipeline.download import stage as download, gone_hosts, limits, outage
 from pipeline.config import HealthConfig, parse_config
 from pipeline.discover import discover
-from pipeline.health import assess
+from pipeline.compose.health import assess
 from pipeline.runner import error_row, run_stage
-from pipeline.stages import context
-from pipeline.status import network_down
-from pipeline.storage import Corpus
+from pipeline.compose.stages import context
+from pipeline.corpus.status import network_down
+from pipeline.corpus.storage import Corpus
 
 
 @pytest.fixture(scope="module")

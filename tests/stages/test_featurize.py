@@ -16,15 +16,17 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from pipeline import align, featurize, transcribe
+from pipeline.align import stage as align
+from pipeline.featurize import stage as featurize
+from pipeline.transcribe import stage as transcribe
 from pipeline.config import parse_config
 from pipeline.demo import COLOURS, DemoSite
 from pipeline.ids import feature_key
 from pipeline.media import FrameRequest, FrameSpec, frame_times, sample_frames
 from pipeline.runner import run_stage
-from pipeline.stages import context
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 
@@ -115,11 +117,11 @@ def test_missing_media_is_an_error_row(demo_corpus, tmp_path):
 SCRIPT = """
 import json
 import sys
-from pipeline import featurize
+from pipeline.featurize import stage as featurize
 from pipeline.config import parse_config
 from pipeline.runner import run_stage
-from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
 cfg = parse_config(json.loads(sys.argv[2]))
 stage = featurize.stages(cfg)[0]
 print(run_stage(stage, context(Corpus(sys.argv[1]), cfg), batch_size=stage.batch_size))

@@ -27,7 +27,7 @@ from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
 from pipeline.features import build_extractor
 from pipeline.features.weights import published_file
-from pipeline.modelcache import obtain
+from pipeline.models.cache import obtain
 
 SENTENCE = "A man is playing a guitar."
 # Builds each extractor named after the first argument ("download" or "off": the config's
@@ -35,8 +35,8 @@ SENTENCE = "A man is playing a guitar."
 # and its weights id and the sentence's features, or its refusal.
 _BUILD = f"""
 import json, logging, sys, time
-logging.getLogger("pipeline.modelcache").addHandler(logging.StreamHandler())
-logging.getLogger("pipeline.modelcache").setLevel(logging.INFO)
+logging.getLogger("pipeline.models.cache").addHandler(logging.StreamHandler())
+logging.getLogger("pipeline.models.cache").setLevel(logging.INFO)
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
 from pipeline.features import TextExtractor, build_extractor

@@ -16,7 +16,7 @@ import pytest
 # torch: skipped there, so the imports below come after this line.
 torch = pytest.importorskip("torch")
 
-from pipeline import featurize
+from pipeline.featurize import stage as featurize
 from pipeline.config import parse_config
 from pipeline.errors import SetupError
 from pipeline.media import FrameRequest, FrameSpec, frame_times, nvdec, sample_frames

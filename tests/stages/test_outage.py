@@ -1,14 +1,14 @@
-"""The network watch of downloads (pipeline/outage.py) on explicit times: when the network
+"""The network watch of downloads (pipeline/download/outage.py) on explicit times: when the network
 counts as down, what ends an outage, a host failing alone, and the stop past max_outage_s."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.breaker import Policy
+from pipeline.download.breaker import Policy
 from pipeline.errors import NetworkError, PermanentError
-from pipeline.limits import PROCESS
-from pipeline.outage import NetworkDown, Watch, failed, fresh, network_down, reached
+from pipeline.download.limits import PROCESS
+from pipeline.download.outage import NetworkDown, Watch, failed, fresh, network_down, reached
 
 POLICY = Policy(threshold=3, window_s=60, cooldown_s=10, cooldown_max_s=35, max_block_s=100)
 

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from conftest import ROOT, TESTS
 from pipeline.config import SentenceConfig
 from pipeline.errors import BadInputError
-from pipeline.segment import Word
-from pipeline.subtitles import parse
-from pipeline.subtitles import (
+from pipeline.transcribe.segment import Word
+from pipeline.transcribe.subtitles import parse
+from pipeline.transcribe.subtitles import (
     Cue,
     cue_words,
     decode_subtitle_bytes,
@@ -336,7 +336,7 @@ def test_overlapping_roll_up_cues_drop_the_repeated_prefix() -> None:
 def test_cues_ending_before_they_start_are_dropped_and_zero_length_kept(caplog) -> None:
     text = ("WEBVTT\n\n00:00:02.000 --> 00:00:01.000\nbackwards\n\n"
             "00:00:03.000 --> 00:00:03.000\nzero\n\n00:00:04.000 --> 00:00:05.000\nfine\n")
-    with caplog.at_level(logging.WARNING, logger="pipeline.subtitles"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.transcribe.subtitles"):
         cues = read_cues(text)
     assert [c.text for c in cues] == ["zero", "fine"]
     assert "ends before it starts" in caplog.text

@@ -14,13 +14,13 @@ import pytest
 from speech import tiny_model_path, wer
 
 from conftest import TESTS
-from pipeline import transcribe
+from pipeline.transcribe import stage as transcribe
 from pipeline.config import parse_config
 from pipeline.demo import DemoSite
 from pipeline.runner import run_stage
-from pipeline.stages import context
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 DATA = TESTS / "data" / "subtitles"
@@ -114,7 +114,7 @@ def test_quality_checks_drop_short_text(demo_corpus, tmp_path):
 
 def test_quality_checks_unit():
     from pipeline.config import QualityConfig
-    from pipeline.segment import Sentence, Word
+    from pipeline.transcribe.segment import Sentence, Word
 
     def sentence(text: str, start: float) -> Sentence:
         return Sentence([Word(w, start + i * 0.4, start + i * 0.4 + 0.3)
@@ -128,7 +128,7 @@ def test_quality_checks_unit():
 
 
 def test_missing_asr_model_stops_the_run_instead_of_failing_items(demo_corpus, tmp_path):
-    from pipeline.asr import AsrSetupError
+    from pipeline.transcribe.asr import AsrSetupError
 
     with pytest.raises(AsrSetupError, match="no-such-model"):
         _run(demo_corpus, tmp_path, prefer=["asr"], asr={"model": "no-such-model"})

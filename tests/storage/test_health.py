@@ -4,7 +4,7 @@ that fails most of what it tries; the health section moves the limits."""
 from __future__ import annotations
 
 from pipeline.config import HealthConfig
-from pipeline.health import assess
+from pipeline.compose.health import assess
 
 
 def _summary(**stages) -> dict:

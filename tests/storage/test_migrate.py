@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.storage import Corpus
-from pipeline.tablefile import MANIFEST_KEY, STATS_KEY
-from pipeline.validate import validate
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.tablefile import MANIFEST_KEY, STATS_KEY
+from pipeline.corpus.validate import validate
 from schemas.tables import schema_for
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

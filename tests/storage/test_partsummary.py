@@ -17,14 +17,14 @@ from pathlib import Path
 from conftest import moto_s3
 
 import stagekit
-from pipeline import partsummary
+from pipeline.corpus import partsummary
 from pipeline.config import parse_config
 from pipeline.runner import RetryPolicy, StageContext, run_stage
-from pipeline.stages import context
-from pipeline.status import corpus_status, idle_partitions
-from pipeline.storage import Corpus
-from pipeline.summarize_partition import store_summary
-from pipeline.summary import summarize
+from pipeline.compose.stages import context
+from pipeline.corpus.status import corpus_status, idle_partitions
+from pipeline.corpus.storage import Corpus
+from pipeline.compose.summarize_partition import store_summary
+from pipeline.corpus.summary import summarize
 
 CFG = parse_config({"name": "t", "sources": [{"type": "urls", "urls": ["http://127.0.0.1/x"]}],
                     "transcribe": {"prefer": ["manual"]}})
@@ -95,7 +95,7 @@ def test_a_kill_between_a_batch_and_its_partitions_summary_leaves_no_wrong_figur
         import os, signal
         import stagekit
         from pipeline.runner import RetryPolicy, StageContext, run_partition
-        from pipeline.storage import Corpus
+        from pipeline.corpus.storage import Corpus
         from test_partsummary import add_video
         corpus = Corpus({corpus.url!r})
         add_video(corpus, "demo-late1")

@@ -16,14 +16,14 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from pipeline.rootlock import LOCK_FILE, RootLock, root_lock
+from pipeline.corpus.rootlock import LOCK_FILE, RootLock, root_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGGER = logging.getLogger("test.rootlock")
 
 HOLD = """
 import sys, time
-from pipeline.rootlock import root_lock
+from pipeline.corpus.rootlock import root_lock
 with root_lock(sys.argv[1], "killed holder"):
     print("held", flush=True)
     time.sleep(600)

@@ -10,9 +10,9 @@ import pytest
 import stagekit
 from pipeline.errors import ErrorKind, StageStopped
 from pipeline.runner import Outcome, RetryPolicy, StageContext, error_row, run_stage
-from pipeline.status import partition_counts
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.corpus.status import partition_counts
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +128,7 @@ def test_new_inputs_are_picked_up_incrementally(memory_root):
 
 def test_rejected_rows_fail_the_commit_not_silently(memory_root):
     corpus = Corpus(memory_root)
-    from pipeline.tablefile import SchemaViolation
+    from pipeline.corpus.tablefile import SchemaViolation
 
     with pytest.raises(SchemaViolation, match="unknown columns"):
         corpus.write_batch("videos", [{"video_id": "a", "titel": "x"}], "b", "00000")

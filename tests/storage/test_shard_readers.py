@@ -18,8 +18,8 @@ from pipeline.config import parse_config
 from pipeline.ids import batch_name
 from pipeline.shards import write_shards
 from pipeline.shards.card import card_path, read_card_header
-from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
 from schemas.tables import shard_schema
 
 datasets = pytest.importorskip("datasets")

@@ -12,16 +12,17 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from pipeline import align, transcribe
+from pipeline.align import stage as align
+from pipeline.transcribe import stage as transcribe
 from pipeline.config import parse_config
 from pipeline.ids import batch_name
 from pipeline.runner import run_partition, run_stage
 from pipeline.shards import feature_array, open_parquet, open_webdataset, write_shards
 from pipeline.shards.stage import make_stage
-from pipeline.stages import context
-from pipeline.status import corpus_status
-from pipeline.storage import Corpus
-from pipeline.validate import hand_back, validate
+from pipeline.compose.stages import context
+from pipeline.corpus.status import corpus_status
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import hand_back, validate
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import partitions
+from pipeline.corpus import partitions
 from pipeline.ids import batch_name, clip_id, safe_id, video_id
-from pipeline.storage import Corpus, LayoutError
+from pipeline.corpus.storage import Corpus, LayoutError
 from schemas.tables import SCHEMA_VERSION, TABLES
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

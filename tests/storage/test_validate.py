@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 
 import stagekit
 from pipeline.runner import RetryPolicy, StageContext, run_stage
-from pipeline.storage import Corpus
-from pipeline.validate import validate
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 
 
 def _built(root: str) -> Corpus:

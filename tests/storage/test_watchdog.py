@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import stagekit
 from pipeline.config import HealthConfig
-from pipeline.health import assess
+from pipeline.compose.health import assess
 from pipeline.progress import beat
 from pipeline.runner import RetryPolicy, StageContext, per_item, run_stage
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 
 _STUCK = threading.Event()  # never set while a test waits on it: a deadlock, as native code has
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import trainkit
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from pipeline.train.checkpoint import UnsafeCheckpoint, load_checkpoint
 
 
@@ -77,7 +77,7 @@ def test_a_planted_checkpoint_is_refused_and_runs_nothing(trained, tmp_path):
 
     # The score stage stops with the same line, unread.
     from pipeline.config import load_config
-    from pipeline.scoring import load_scorer
+    from pipeline.score.stage import load_scorer
 
     cfg = load_config(config).model_copy(update={"score": None})
     scored = cfg.model_validate({**cfg.model_dump(mode="json"), "score": {"device": "cpu"}})

@@ -17,10 +17,10 @@ import pytest
 import trainkit
 from pipeline.config import parse_config
 from pipeline.runner import plan_partition, run_stage
-from pipeline.scoring import make_stage
-from pipeline.stages import context
-from pipeline.status import status_key
-from pipeline.storage import Corpus
+from pipeline.score.stage import make_stage
+from pipeline.compose.stages import context
+from pipeline.corpus.status import status_key
+from pipeline.corpus.storage import Corpus
 from pipeline.train.freshness import RECORD, count_pairs, decide, input_tables
 from pipeline.train.pairs import PairSet
 from pipeline.train.run import train_corpus, train_step

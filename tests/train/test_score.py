@@ -1,4 +1,4 @@
-"""The score stage (pipeline/scoring.py, pipeline/train/scorer.py) and the shards it filters:
+"""The score stage (pipeline/score/stage.py, pipeline/train/scorer.py) and the shards it filters:
 one row per clip with its similarity, its rank among its video's sentences and WAL-att-adv's
 P(aligned); resumable, redone for a retrained model; the MIL-NCE checkpoint's two towers; shards
 that carry the score and leave clips out by it in both formats; a self-training round on a
@@ -19,17 +19,17 @@ import trainkit
 from pipeline.config import ConfigError, parse_config
 from pipeline.errors import SetupError
 from pipeline.runner import plan_partition, run_stage
-from pipeline.scoring import load_scorer, make_stage, unavailable
+from pipeline.score.stage import load_scorer, make_stage, unavailable
 from pipeline.shards import open_parquet, open_webdataset, write_shards
 from pipeline.shards.index import DROPPED, PartitionIndex
-from pipeline.stages import context
-from pipeline.storage import Corpus
+from pipeline.compose.stages import context
+from pipeline.corpus.storage import Corpus
 from pipeline.train.evaluation import similarity_matrix
 from pipeline.train.loop import selected_checkpoint
 from pipeline.train.models import build_model
 from pipeline.train.pairs import PairSet
 from pipeline.train.run import evaluate_corpus, train_corpus
-from pipeline.validate import validate
+from pipeline.corpus.validate import validate
 
 CPU = torch.device("cpu")
 
@@ -150,7 +150,7 @@ def test_resumable_and_scored_again_for_a_retrained_model(trained, tmp_path):
 
 
 def test_status_counts_the_score_stage_last(trained, tmp_path):
-    from pipeline.status import corpus_status
+    from pipeline.corpus.status import corpus_status
 
     corpus = _copy(trained, tmp_path / "root")
     cfg = _config(tmp_path / "root")
@@ -344,7 +344,7 @@ def test_config_score_section_problems(tmp_path):
 
 
 def test_score_summary_for_the_report(trained, tmp_path):
-    from pipeline.score_summary import score_summary
+    from pipeline.report.scores import score_summary
 
     corpus = _copy(trained, tmp_path / "root")
     assert score_summary(corpus) == {}
@@ -374,7 +374,7 @@ def test_a_build_scores_after_training_then_shards_and_reports(prefect_harness, 
     the report stubbed out): train, then the score pass with the shards that waited for their
     scores, then the report, which sees the scores; a second build has nothing to do."""
     from flows.build import run_build
-    from pipeline import stages
+    from pipeline.compose import stages
     from pipeline.runner import Step
 
     for name in ("discover", "download", "transcribe", "align", "featurize"):

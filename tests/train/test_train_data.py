@@ -9,7 +9,7 @@ import pytest
 
 import trainkit
 from pipeline.config import StreamConfig
-from pipeline.storage import Corpus
+from pipeline.corpus.storage import Corpus
 from pipeline.train.batches import BatchOptions, GroupBatchSampler, collate, sample_frames, sample_window, sample_words
 from pipeline.train.pairs import PairSet, PairsError
 from pipeline.train.stream import PairStream

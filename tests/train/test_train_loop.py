@@ -271,7 +271,7 @@ def test_cli_eval_on_flag(tmp_path):
     from typer.testing import CliRunner
 
     from pipeline.cli import app
-    from pipeline.storage import Corpus
+    from pipeline.corpus.storage import Corpus
 
     root = tmp_path / "root"
     trainkit.synthetic_features(Corpus(str(root)), n=40, test_every=0)
@@ -292,7 +292,7 @@ def test_the_report_reads_what_training_writes(tmp_path):
     """metrics.json as the trainer writes it is what the report's training section shows."""
     from pipeline.report.plots import curve_plot, recall_plot
     from pipeline.report.runs import training_runs
-    from pipeline.storage import Corpus
+    from pipeline.corpus.storage import Corpus
 
     pairs = synth_pairs(val_groups=4)
     train(pairs, cfg("nce", epochs=2, select="val_recall"), tmp_path / "train" / "nce", device="cpu",
@@ -313,7 +313,7 @@ def test_the_build_train_step_leaves_why_it_skipped_for_the_report(tmp_path):
     from pipeline.config import parse_config
     from pipeline.report.runs import training_runs
     from pipeline.runner import StageContext
-    from pipeline.storage import Corpus
+    from pipeline.corpus.storage import Corpus
     from pipeline.train.run import train_step
 
     corpus = Corpus(str(tmp_path / "root"))
@@ -351,7 +351,7 @@ def test_a_corpus_above_the_threshold_trains_streamed_and_learns_as_in_memory(tm
     about as well as read whole, metrics.json says so and counts the pairs, and evaluating the
     checkpoint scores the same held-out sample."""
     from pipeline.config import parse_config
-    from pipeline.storage import Corpus
+    from pipeline.corpus.storage import Corpus
     from pipeline.train.run import evaluate_corpus, train_corpus
 
     corpus = Corpus(str(tmp_path / "root"))
