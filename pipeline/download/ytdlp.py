@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import re
+import shutil
+import tempfile
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -196,10 +200,28 @@ def base_options(cfg: DownloadConfig, egress: Egress | None = None) -> dict[str,
     return opts
 
 
+@contextmanager
+def youtube_dl(opts: dict[str, Any]) -> Iterator[yt_dlp.YoutubeDL]:
+    """A YoutubeDL for one call. yt-dlp writes its cookie jar back to ``cookiefile`` when it
+    closes; so it reads a private copy of the user's file (in a folder only this user reads),
+    deleted after: the user's file is never written, a read-only one (a Kubernetes secret)
+    works, and concurrent downloads share no file."""
+    source = opts.get("cookiefile")
+    if source is None:
+        with yt_dlp.YoutubeDL(opts) as ydl:
+            yield ydl
+        return
+    with tempfile.TemporaryDirectory(prefix="vlcorpus-cookies-") as folder:
+        private = os.path.join(folder, "cookies.txt")
+        shutil.copyfile(source, private)
+        with yt_dlp.YoutubeDL({**opts, "cookiefile": private}) as ydl:
+            yield ydl
+
+
 def extract(url: str, opts: dict[str, Any], download: bool) -> dict[str, Any]:
     """``YoutubeDL.extract_info`` with yt-dlp errors turned into our error kinds."""
     try:
-        with yt_dlp.YoutubeDL(opts) as ydl:
+        with youtube_dl(opts) as ydl:
             info = ydl.extract_info(url, download=download)
             return ydl.sanitize_info(info)
     except (yt_dlp.utils.DownloadError, RequestError) as exc:
@@ -236,7 +258,7 @@ def download(url: str, opts: dict[str, Any],
     track dropped."""
     dropped: list[str] = []
     try:
-        with yt_dlp.YoutubeDL(opts) as ydl:
+        with youtube_dl(opts) as ydl:
             result = ydl.extract_info(url, download=False, process=False)
             while True:
                 try:

@@ -218,3 +218,32 @@ def test_folder_media_is_checked_in_place_with_sidecars(demo_corpus, tmp_path):
     assert row["subtitles"] == [{"lang": "en", "kind": "manual",
                                  "path": str(folder / "tour.en.vtt")}]
     assert (folder / "cut.mp4").exists()  # the user's own files are never deleted
+
+
+@pytest.mark.slow
+def test_concurrent_downloads_leave_a_read_only_cookies_file_as_it_was(demo_corpus, tmp_path):
+    """8 downloads at once with one cookies file: each reads a private copy (yt-dlp writes its
+    jar back when it closes), so the file keeps its every byte, and an immutable one (as a
+    mounted secret is) works."""
+    import shutil
+    import subprocess
+
+    _, site = demo_corpus
+    cookies = tmp_path / "cookies.txt"
+    # Not the layout yt-dlp writes (its header, tabs, a trailing newline): any rewrite shows.
+    cookies.write_bytes(b"# Netscape HTTP Cookie File\n127.0.0.1\tFALSE\t/\tFALSE\t0\tsession\tabc123")
+    before = cookies.read_bytes()
+    immutable = shutil.which("chattr") and subprocess.run(["chattr", "+i", str(cookies)]).returncode == 0
+    try:
+        with serve_demo(site) as base:
+            urls = [f"{base}pages/tour-{i % 2}.html?copy={i}" for i in range(8)]
+            cfg = _cfg([{"type": "urls", "urls": urls}], subtitle_langs=["en"], concurrency=8,
+                       cookies_file=str(cookies), rate_limit=None, per_host=None)
+            ctx = context(Corpus(str(tmp_path / "corpus")), cfg)
+            discover(ctx)
+            report = run_stage(download.STAGE, ctx, batch_size=8)
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(cookies)], check=True)
+    assert report.ok == 8, ctx.corpus.read("errors").to_pylist()
+    assert cookies.read_bytes() == before
