@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,24 @@ os.environ.setdefault("VLCORPUS_OFFLINE", "1")
 def memory_root() -> str:
     """A fresh in-memory corpus root (fsspec ``memory://``)."""
     return f"memory://vlc-{uuid.uuid4().hex}"
+
+
+def spare_port() -> int:
+    """A free port on 127.0.0.1 for a server that must be told its port (a command's --port, a
+    URL that has to be the same twice), taken below the kernel's ephemeral range: no bind to
+    port 0 and no outgoing connection of a test running beside this one is given it meanwhile.
+    Bind port 0 wherever the server allows it; a caller of this retries if the port is taken."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) \
+        if Path("/proc/sys/net/ipv4/ip_local_port_range").exists() else 32768
+    rng = random.Random()
+    while True:
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def require_binaries(*names: str) -> None:
