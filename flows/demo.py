@@ -7,8 +7,8 @@ URLs are part of generic video ids: a rerun on the same port resumes instead of 
 from __future__ import annotations
 
 import json
-import socket
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,6 @@ from pipeline.progress import log
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
 DEMO_PORT = 8765
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) != 0
 
 
 def _site(site_dir: Path, n_videos: int, seed: int) -> None:
@@ -46,10 +41,12 @@ def run_demo(root: Path, n_videos: int = 12, seed: int = 0, until: str | None = 
     _site(site_dir, n_videos, seed)
     site_s = round(time.monotonic() - began, 2)
     cfg = load_config(DEMO_CONFIG)
-    if not _free(port):
-        log.warning("port %d is busy; serving on a random port (video ids will differ)", port)
-        port = 0
-    with serve_demo(site_dir, port=port) as base:
+    with ExitStack() as stack:
+        try:
+            base = stack.enter_context(serve_demo(site_dir, port=port))
+        except OSError:  # taken, by a server or by a process that bound it a moment ago
+            log.warning("port %d is busy; serving on a random port (video ids will differ)", port)
+            base = stack.enter_context(serve_demo(site_dir, port=0))
         log.info("demo site at %s", base)
         urls = ListSource(type="list", path=str(site_dir / "urls.txt"))
         corpus = str(root / "corpus")

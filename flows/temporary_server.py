@@ -39,7 +39,14 @@ class TemporaryServer:
     health check."""
 
     def __init__(self, port: int | None = None) -> None:
-        self.port = port or _free_port()
+        # Without a port, the server takes the socket this process bound to a free one (port
+        # 0): no other process can take that port between its choice and the server's start.
+        listener = None
+        if not port:
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            port = listener.getsockname()[1]
+        self.port = port
         self.up = False
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.folder = tempfile.mkdtemp(prefix="vlcorpus-prefect-")
@@ -55,8 +62,13 @@ class TemporaryServer:
                # The server would otherwise try to reach Prefect's telemetry endpoint.
                "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED", "false")}
         # -P: nothing in the current folder shadows a module of the server's.
-        self.process = subprocess.Popen([sys.executable, "-P", "-m", "flows.temporary_server", str(self.port)],
-                                        env=env)
+        where = str(self.port) if listener is None else f"fd:{listener.fileno()}"
+        try:
+            self.process = subprocess.Popen([sys.executable, "-P", "-m", "flows.temporary_server", where],
+                                            env=env, pass_fds=() if listener is None else (listener.fileno(),))
+        finally:
+            if listener is not None:
+                listener.close()  # the server's copy stays open
         # A server this process started never outlives it, whatever path the process exits by.
         atexit.register(self.stop)
 
@@ -141,12 +153,6 @@ def _keep_template(database: str) -> None:
     os.replace(part, template)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _app() -> object:
     """Prefect's server app, made with the garbage collector off (``_serve``); the objects the
     imports made are then frozen out of later collections."""
@@ -158,14 +164,20 @@ def _app() -> object:
     return app
 
 
-def _serve(port: int) -> None:
+def _serve(where: str) -> None:
+    """Serve on ``where``: a port, or ``fd:N``, a socket bound for this process by its parent."""
     # Importing the server makes millions of objects and next to no garbage: the collector's
     # passes over them were a fifth of the server's start (0.7 of 3.3 CPU-s).
     gc.disable()
     threading.Thread(target=_stop_with_parent, args=(os.getppid(),), daemon=True).start()
     import uvicorn
 
-    uvicorn.run(_app, factory=True, host="127.0.0.1", port=port, log_level="error", lifespan="on")
+    if where.startswith("fd:"):
+        # uvicorn's fd= path, whose socket.fromfd takes the family from the descriptor (TCP).
+        address = {"fd": int(where[3:])}
+    else:
+        address = {"host": "127.0.0.1", "port": int(where)}
+    uvicorn.run(_app, factory=True, log_level="error", lifespan="on", **address)
 
 
 def _stop_with_parent(parent: int) -> None:
@@ -177,4 +189,4 @@ def _stop_with_parent(parent: int) -> None:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    _serve(sys.argv[1])

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +23,12 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(TESTS))
 # The builds a test session starts keep their Prefect database (limits, leases, variables)
 # apart from the user's ~/.prefect and from other sessions; set before Prefect is imported.
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="vlcorpus-tests-prefect-"))
+# Under pytest-xdist each worker process has one of its own: the workers inherit the
+# environment of the process that started them, whose home it is not theirs to share.
+_OWN_HOME = "VLCORPUS_TESTS_PREFECT_HOME"
+if os.environ.get("PREFECT_HOME") in (None, os.environ.get(_OWN_HOME)):
+    os.environ["PREFECT_HOME"] = os.environ[_OWN_HOME] = tempfile.mkdtemp(
+        prefix=f"vlcorpus-tests-prefect-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
 # No test reaches the real model hubs: model downloads are off, except in the processes a test
 # points at a stand-in hub on 127.0.0.1 (tests/hubkit.py, hub_env).
 os.environ.setdefault("VLCORPUS_OFFLINE", "1")
@@ -31,6 +38,24 @@ os.environ.setdefault("VLCORPUS_OFFLINE", "1")
 def memory_root() -> str:
     """A fresh in-memory corpus root (fsspec ``memory://``)."""
     return f"memory://vlc-{uuid.uuid4().hex}"
+
+
+def spare_port() -> int:
+    """A free port on 127.0.0.1 for a server that must be told its port (a command's --port, a
+    URL that has to be the same twice), taken below the kernel's ephemeral range: no bind to
+    port 0 and no outgoing connection of a test running beside this one is given it meanwhile.
+    Bind port 0 wherever the server allows it; a caller of this retries if the port is taken."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) \
+        if Path("/proc/sys/net/ipv4/ip_local_port_range").exists() else 32768
+    rng = random.Random()
+    while True:
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def require_binaries(*names: str) -> None:
@@ -175,12 +200,95 @@ def tally(request):
     return get
 
 
+def pytest_sessionfinish(session):
+    """An xdist worker hands its tallies to the process that prints the summary."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["vlcorpus_tallies"] = {t.name: t.counts for t in session.config.stash.get(_TALLIES, {}).values()}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The tallies of an xdist worker that finished, added to the session's."""
+    tallies = node.config.stash.setdefault(_TALLIES, {})
+    for name, counts in getattr(node, "workeroutput", {}).get("vlcorpus_tallies", {}).items():
+        tally = tallies.setdefault(name, Tally(name, tuple(counts)))
+        for counter, n in counts.items():
+            tally.add(counter, n)
+
+
 def pytest_terminal_summary(terminalreporter):
     for tally in terminalreporter.config.stash.get(_TALLIES, {}).values():
         terminalreporter.write_line(tally.line())
 
 
+def _shares_module_fixture(module: str, _seen: dict[str, bool] = {}) -> bool:  # noqa: B006 - a cache
+    """Whether a test module defines a module-scoped fixture (a Prefect stack, a built corpus),
+    which its tests share: read from its text, as the process that hands out the tests under
+    pytest-xdist collects none."""
+    if module not in _seen:
+        path = ROOT / module
+        text = path.read_text() if path.suffix == ".py" and path.is_file() else ""
+        _seen[module] = 'scope="module"' in text or "scope='module'" in text
+    return _seen[module]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``, which pyproject's addopts names: every test goes to whichever worker
+    is free, except that the tests of a module with a module-scoped fixture go together to one
+    worker, which sets the fixture up once; the work is handed out in collection order (see
+    ``pytest_collection_modifyitems``). pytest-xdist's own loadgroup reads xdist_group marks
+    through ``item._nodeid``, which pytest 9 no longer has: its groups never form."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if _shares_module_fixture(module) else nodeid
+
+    config.option.loadscopereorder = False
+    return ModuleFixtureScheduling(config, log)
+
+
+# The longest units of work, longest first (the suite's --durations, 2 cores): the worker path
+# (a 60 s liveness window, a schedule that fires once a minute), the production rehearsal, the
+# fault points, the bad inputs, the image's install, the download breaker's cool-downs.
+LONGEST_FIRST = ("tests/flows/test_worker.py", "tests/flows/test_rehearsal.py", "tests/reliability/test_faults.py",
+                 "tests/reliability/test_bad_inputs.py", "tests/flows/test_image.py",
+                 "tests/flows/test_download_breaker.py", "tests/docs/test_getting_started.py",
+                 "tests/flows/test_demo_build.py", "tests/flows/test_styles.py")
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+    """The longest work first, so that under pytest-xdist no worker starts a long test while the
+    others run out of work: the modules of LONGEST_FIRST, then the modules whose tests share a
+    module fixture (run together) by the number of their slow tests, then each slow test, then
+    the rest; each in collection order. The GPU layer is skipped without CUDA."""
+    _skip_gpu_tests_without_cuda(items)
+
+    def unit(item: pytest.Item) -> str:
+        module = item.nodeid.split("::", 1)[0]
+        return module if _shares_module_fixture(module) else item.nodeid
+
+    slow: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        key = unit(item)
+        first.setdefault(key, index)
+        slow[key] = slow.get(key, 0) + (item.get_closest_marker("slow") is not None)
+    def rank(item: pytest.Item) -> tuple[int, int, int]:
+        module = item.nodeid.split("::", 1)[0]
+        longest = LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+        return longest, -slow[unit(item)], first[unit(item)]
+
+    items.sort(key=rank)
+
+
+def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
     """The GPU layer (``-m gpu``, make test-gpu) is skipped where torch sees no CUDA device."""
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import require_binaries
+from conftest import require_binaries, spare_port
 from docskit import DOCS, ROOT, code_blocks, commands
 
 from pipeline.align.stage import split_for
@@ -50,9 +49,7 @@ def _demo_port() -> int:
     (page URLs are part of their ids, and so of the split): what training needs at least."""
     splits = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["align"]["splits"]
     while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = spare_port()
         urls = [f"http://127.0.0.1:{port}/pages/tour-{i}.html" for i in range(DEMO_VIDEOS)]
         found = sorted(split_for(video_id(*id_for_url(u)), splits) for u in urls)
         if found == ["test", "train", "train"]:

@@ -5,23 +5,16 @@ are named by `vlcorpus validate` and written again by the next run."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, require_binaries
+from conftest import ROOT, require_binaries, spare_port
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _vlcorpus(*args: str) -> subprocess.CompletedProcess:
@@ -41,7 +34,7 @@ def _demo(root, port: int) -> dict:
 def test_demo_builds_a_valid_corpus_and_resumes(tmp_path):
     require_binaries("ffmpeg", "ffprobe", "espeak-ng")
     # Generic video ids include the page URL, so both runs serve on the same port.
-    port = _free_port()
+    port = spare_port()
     first = _demo(tmp_path, port)
     assert first["tables"]["videos"] == 4  # 2 videos + the broken and the gone page
     assert first["tables"]["downloads"] == 2

@@ -170,7 +170,9 @@ def test_scheduled_runs_missed_while_the_worker_was_down_collapse_to_the_newest(
     (tmp_path / "urls.txt").write_text("http://127.0.0.1:9/a.mp4\n")
     config = tmp_path / "missed.yaml"
     config.write_text(yaml.safe_dump({"name": "missed", "sources": [{"type": "list", "path": "urls.txt"}]}))
-    first = (datetime.now(timezone.utc) + timedelta(seconds=15)).replace(microsecond=0)
+    # Far enough ahead that the deploy below is done before the first run is due: the server
+    # schedules no run already past (with 15 s, a busy machine left 3 of the 4).
+    first = (datetime.now(timezone.utc) + timedelta(seconds=45)).replace(microsecond=0)
     deployments = tmp_path / "scheduled.yaml"
     deployments.write_text(yaml.safe_dump({"deployments": [{
         "name": "missed", "entrypoint": "flows.build.rebuild_corpus",

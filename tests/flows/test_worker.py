@@ -17,7 +17,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -33,7 +32,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import ROOT, dask_cluster
+from conftest import ROOT, dask_cluster, spare_port
 
 BIN = Path(sys.executable).parent
 README = ROOT / "infra" / "README.md"
@@ -74,12 +73,6 @@ def test_readme_shows_the_commands_these_tests_run():
     assert blocks[0] == ONE_MACHINE
     assert any(ON_A_CLUSTER in block for block in blocks)
     assert any(ALERTS in block for block in blocks)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -162,13 +155,11 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
 
     _, site = demo_corpus
     base = tmp_path_factory.mktemp("worker")
-    port = _free_port()
-    api_url = ONE_MACHINE[3].split("=", 1)[1].replace("4200", str(port))
-    # The telemetry setting comes from the profile that README's first command writes.
+    # The telemetry setting comes from the profile that README's first command writes; the
+    # server's port (PREFECT_SERVER_API_PORT, PREFECT_API_URL) is set below.
     env = {**{k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_ANALYTICS_ENABLED"},
            "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(base / "prefect-home"),
-           "PREFECT_SERVER_API_PORT": str(port),
-           "PREFECT_API_URL": api_url, "PREFECT_WORKER_QUERY_SECONDS": "2",
+           "PREFECT_WORKER_QUERY_SECONDS": "2",
            # The server's clean-up of old runs looks every 2 s instead of hourly.
            "PREFECT_SERVER_SERVICES_DB_VACUUM_LOOP_SECONDS": "2",
            # Rich tables as wide as the names they list.
@@ -192,8 +183,21 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
             configured = subprocess.run([str(BIN / "prefect"), *shlex.split(command)[1:]], env=env,
                                         capture_output=True)
             assert configured.returncode == 0, configured.stderr
-        server = start(ONE_MACHINE[2], server_log)
-        _wait_up(api_url, server, server_log)
+        # `prefect server start` takes the port it is told: another one if a process beside
+        # this test took that one first.
+        for attempt in range(3):
+            port = spare_port()
+            api_url = ONE_MACHINE[3].split("=", 1)[1].replace("4200", str(port))
+            env.update(PREFECT_SERVER_API_PORT=str(port), PREFECT_API_URL=api_url)
+            server = start(ONE_MACHINE[2], server_log)
+            try:
+                _wait_up(api_url, server, server_log)
+                break
+            except AssertionError:
+                if attempt == 2 or "address already in use" not in server_log.read_text().lower():
+                    raise
+                _stop(server)
+                procs.remove(server)
         with serve_demo(site):
             urls = base / "urls.txt"
             shutil.copy(site / "urls.txt", urls)
