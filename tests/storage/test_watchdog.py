@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 
 import stagekit
@@ -55,7 +55,7 @@ def test_a_stuck_batch_fails_as_internal_with_its_stacks_logged_and_the_next_run
     dumps = [r.getMessage() for r in caplog.records if "every thread's stack" in r.getMessage()]
     assert dumps and "_hangs_on_stuck" in dumps[0] and "Thread 'batch download p00000'" in dumps[0]
     # The build that ran it is unhealthy, and says where it stalled.
-    health = assess(HealthConfig(), {"stages": {"download": report.__dict__ | {"stopped": report.stopped}},
+    health = assess(HealthConfig(), {"stages": {"download": asdict(report)},
                                      "tables": {"clips": 10}})
     assert any(p.startswith("stalled: download p00000") for p in health.problems), health.problems
     # Internal is no verdict: the next run tries the stuck item again (now it goes through).
