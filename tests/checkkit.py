@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from hubkit import cache_model
+from hubkit import cache_model, pinned_command, sha256
 
 TSM_FILE = "TSM_kinetics_RGB_resnet50_shift8_blockres_avg_segment8_e50.pth"
 # What each starter names beside it (its comments say to put them there).
@@ -18,10 +19,12 @@ LISTS = {"apartment_tour": ("tours.txt", "https://www.youtube.com/watch?v=dQw4w9
          "spoken_moments": ("moments.csv", "url,start,end\nhttps://www.youtube.com/watch?v=dQw4w9WgXcQ,3,6\n")}
 
 
-def vlcorpus(*args: str, env: dict[str, str] | None = None,
-             python: str = sys.executable) -> subprocess.CompletedProcess:
-    return subprocess.run([python, "-m", "pipeline.cli", *args], capture_output=True, text=True,
-                          timeout=300, env=env or dict(os.environ))
+def vlcorpus(*args: str, env: dict[str, str] | None = None, python: str = sys.executable,
+             pins: Mapping[str, str] = {}) -> subprocess.CompletedProcess:
+    """``vlcorpus ARGS``; with ``pins`` (file name -> sha256) taken for the published files' own."""
+    command = pinned_command(pins, "pipeline.cli", *args, python=python) if pins else \
+        [python, "-m", "pipeline.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env or dict(os.environ))
 
 
 def listing(folder: Path) -> dict[str, tuple[int, int]]:
@@ -38,10 +41,19 @@ def zero_state(build: Callable[[], object], prefix: str = "") -> dict:
     return {prefix + k: torch.zeros(v.shape, dtype=v.dtype) for k, v in model.state_dict().items()}
 
 
-def put_models(folder: Path) -> dict[str, Path]:
+@dataclass(frozen=True)
+class Models:
+    torch_home: Path
+    hf_home: Path
+    tsm: Path
+    pins: dict[str, str]  # file name -> sha256 of the stand-ins in the torch cache
+
+
+def put_models(folder: Path) -> Models:
     """The models the starters name, put where a user puts them: torchvision's weights in the
     torch cache, the Whisper model `small` in the Hugging Face cache (the tests' tiny.en under
-    its name), a TSM checkpoint file."""
+    its name), a TSM checkpoint file; with the pins under which the stand-ins in the torch cache
+    pass for the published files (``vlcorpus(..., pins=)``)."""
     import torch
     import torchvision
     from speech import tiny_model_path
@@ -50,6 +62,7 @@ def put_models(folder: Path) -> dict[str, Path]:
     from pipeline.features.weights import cache_path
 
     torch_home = folder / "torch"
+    pins = {}
     for weights, build in ((torchvision.models.ResNet34_Weights.DEFAULT, torchvision.models.resnet34),
                            (torchvision.models.ResNet152_Weights.DEFAULT, torchvision.models.resnet152),
                            (torchvision.models.video.S3D_Weights.DEFAULT, torchvision.models.video.s3d)):
@@ -57,12 +70,13 @@ def put_models(folder: Path) -> dict[str, Path]:
         path = torch_home / "hub" / "checkpoints" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(zero_state(build), path)
+        pins[name] = sha256(path)
     hf_home = folder / "hf"
     cache_model(hf_home, "Systran/faster-whisper-small", tiny_model_path())
     tsm = folder / TSM_FILE
     state = zero_state(lambda: tsm_resnet50(parse_settings(TSM_FILE), 8), prefix="module.base_model.")
     torch.save({"state_dict": state}, tsm)
-    return {"torch_home": torch_home, "hf_home": hf_home, "tsm": tsm}
+    return Models(torch_home, hf_home, tsm, pins)
 
 
 def starter(style: str, folder: Path) -> Path:
@@ -72,11 +86,11 @@ def starter(style: str, folder: Path) -> Path:
     return folder / f"{name}.yaml"
 
 
-def provide(style: str, config: Path, models: dict[str, Path]) -> None:
+def provide(style: str, config: Path, models: Models) -> None:
     """What the starter's comments ask for beside it: its list, the TSM checkpoint."""
     if style in LISTS:
         name, text = LISTS[style]
         (config.parent / name).write_text(text)
     if style == "spoken_moments":
         (config.parent / "models").mkdir()
-        (config.parent / "models" / TSM_FILE).symlink_to(models["tsm"])
+        (config.parent / "models" / TSM_FILE).symlink_to(models.tsm)

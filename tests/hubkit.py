@@ -1,6 +1,7 @@
 """Stand-ins for the model hubs, on 127.0.0.1: one that cannot be reached, one that serves
-models the way the Hugging Face Hub and torchvision's download server do; and models put into a
-local Hub cache the way `hf download` leaves them."""
+models the way the Hugging Face Hub and torchvision's download server do; models put into a
+local Hub cache the way `hf download` leaves them; and the pins (sha256) that let a test's
+stand-in files pass for the published ones in a process the test starts."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -71,12 +73,33 @@ class _File:
     sha256: str
 
 
-def _file(path: Path) -> _File:
+def sha256(path: str | Path) -> str:
+    """The sha256 of a file: what a test pins for its stand-in of a published file."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
-    return _File(path, path.stat().st_size, digest.hexdigest())
+    return digest.hexdigest()
+
+
+def _file(path: Path) -> _File:
+    return _File(path, path.stat().st_size, sha256(path))
+
+
+# `python -c _PINNED PINS MODULE ARGS...` runs MODULE as `python -m MODULE ARGS...` does, in a
+# process whose pin table (pipeline/models/pins.py) also holds PINS (JSON, file name -> sha256).
+_PINNED = """import json, runpy, sys
+from pipeline.models.pins import SHA256
+SHA256.update(json.loads(sys.argv.pop(1)))
+runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
+"""
+
+
+def pinned_command(pins: Mapping[str, str], module: str, *args: str, python: str = sys.executable) -> list[str]:
+    """The command line of ``python -m module args`` in a process that takes ``pins`` (file name
+    -> sha256) for the published files' own: the stand-ins a test serves or puts in a cache pass,
+    while the production table stays as it is."""
+    return [python, "-c", _PINNED, json.dumps(dict(pins)), module, *args]
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """The MIL-NCE S3D-G and its text tower, trained on HowTo100M (Miech et al., 2020), as
 published with github.com/antoine77340/S3D_HowTo100M: ``s3d_howto100m.pth`` plus the word list
 ``s3d_dict.npy``, which must sit next to it. ``weights: default`` is the published pair, kept in
-torch's cache (``$TORCH_HOME/hub/checkpoints``) and downloaded into it on first use.
+torch's cache (``$TORCH_HOME/hub/checkpoints``) and downloaded into it on first use, once their
+sha256 are pinned (pipeline/models/pins.py: they are not yet, and it is refused until then).
 
 Module and attribute names follow that repository's ``s3dg.py`` so the published file loads
 with an exact key match. Three extractors share one checkpoint read:
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
+from pipeline.errors import SetupError
 from pipeline.features.base import TextExtractor, TorchVisualExtractor, autocast_dtype, frame_spec, inference, \
     torch_device
 from pipeline.features.registry import register
@@ -45,6 +47,7 @@ from pipeline.features.weights import (
     read_state_dict,
 )
 from pipeline.models.cache import FETCH_HINT, Published, obtain
+from pipeline.models.pins import pinned
 
 PUBLISHED = "https://www.rocq.inria.fr/cluster-willow/amiech/howto100m/"
 WEIGHTS_FILE = "s3d_howto100m.pth"
@@ -279,10 +282,14 @@ def _checkpoint(path: str, mtime_ns: int, size: int) -> dict[str, torch.Tensor]:
 
 
 def _published() -> list[Published]:
-    """The published checkpoint and its word list, in torch's cache side by side."""
+    """The published checkpoint and its word list, in torch's cache side by side; refused while
+    their sha256 are not pinned (pipeline/models/pins.py)."""
     folder = os.path.join(torch.hub.get_dir(), "checkpoints")
-    return [published_file(f"MIL-NCE {file}", PUBLISHED + file, os.path.join(folder, file))
-            for file in (WEIGHTS_FILE, DICT_FILE)]
+    try:
+        return [published_file(f"MIL-NCE {file}", PUBLISHED + file, os.path.join(folder, file), pinned(file))
+                for file in (WEIGHTS_FILE, DICT_FILE)]
+    except SetupError as exc:
+        raise WeightsError(f"{exc}{_HOW_TO_GET}") from None
 
 
 def _needs(cfg: ExtractorConfig) -> list[Published]:

@@ -12,7 +12,6 @@ random init.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 import sys
@@ -29,6 +28,7 @@ from torchvision.models._api import WeightsEnum
 from pipeline.config import FeaturesConfig
 from pipeline.errors import SetupError
 from pipeline.models.cache import FETCH_HINT, Published, obtain
+from pipeline.models.pins import check, file_sha256, pinned
 from pipeline.progress import log
 
 SEED = 0  # random init ("none") is seeded: the same config gives the same features
@@ -82,11 +82,7 @@ def on_meta(build: Callable[[], M]) -> M:
 
 def file_id(path: str, label: str | None = None) -> str:
     """``file:<label or basename>#<first 12 hex of sha256>``: names the exact file a row came from."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return f"file:{label or os.path.basename(path)}#{digest.hexdigest()[:12]}"
+    return f"file:{label or os.path.basename(path)}#{file_sha256(path)[:12]}"
 
 
 def read_state_dict(name: str, path: str, how_to_get: str = "") -> dict[str, torch.Tensor]:
@@ -147,19 +143,28 @@ def mirrored(url: str) -> str:
     return mirror + urlparse(url).path if mirror else url
 
 
-def published_file(label: str, url: str, path: str) -> Published:
-    """The file published at ``url`` (or on the mirror), kept at ``path``. A file name holding a
-    hash prefix (``resnet34-b627a593.pth``) is checked against it, as torch.hub does."""
+def published_file(label: str, url: str, path: str, sha256: str) -> Published:
+    """The file published at ``url`` (or on the mirror), kept at ``path``, which must have the
+    sha256 ``sha256`` (or one starting with it: pipeline/models/pins.py), downloaded or found."""
     source = mirrored(url)
-    match = torch.hub.HASH_REGEX.search(os.path.basename(path))
     return Published(label=label, url=source, probe_url=source, cache=os.path.dirname(path), lock=path + ".lock",
-                     cached=lambda: path if os.path.isfile(path) else None,
-                     download=partial(_download, source, path, match.group(1) if match else None))
+                     cached=partial(_cached, path, sha256), download=partial(_download, source, path, sha256))
 
 
-def _download(url: str, path: str, hash_prefix: str | None) -> str:
-    # Written under a temporary name and moved into place once whole (and its hash checked).
-    torch.hub.download_url_to_file(url, path, hash_prefix, progress=sys.stderr.isatty())
+def _cached(path: str, sha256: str) -> str | None:
+    if not os.path.isfile(path):
+        return None
+    check(path, sha256, path)
+    return path
+
+
+def _download(url: str, path: str, sha256: str) -> str:
+    # Checked under a name of its own (the caller holds the machine's lock for the file) and only
+    # then moved into place: no process finds a file in the cache that did not match.
+    downloaded = path + ".download"
+    torch.hub.download_url_to_file(url, downloaded, progress=sys.stderr.isatty())
+    check(downloaded, sha256, f"the file downloaded from {url}")
+    os.replace(downloaded, path)
     return path
 
 
@@ -181,7 +186,8 @@ def published_weights(weights: str, enum: type[WeightsEnum]) -> WeightsEnum | No
 
 
 def torchvision_checkpoint(weights: WeightsEnum) -> Published:
-    return published_file(weights_name(weights), weights.url, cache_path(weights))
+    path = cache_path(weights)
+    return published_file(weights_name(weights), weights.url, path, pinned(os.path.basename(path)))
 
 
 def torchvision_needs(weights: str, enum: type[WeightsEnum]) -> list[Published]:
@@ -205,7 +211,9 @@ def torchvision_state_dict(name: str, weights: WeightsEnum, off: str | None = No
 
     obtain(torchvision_checkpoint(weights), name, missing, off)
     try:
-        return weights.get_state_dict(map_location="cpu", progress=False, weights_only=True)
+        # Checked above; check_hash makes a download of torchvision's own (the file gone since)
+        # checked too.
+        return weights.get_state_dict(map_location="cpu", progress=False, weights_only=True, check_hash=True)
     except Exception as exc:
         raise WeightsError(f"{name}: cannot read {path} ({weights_name(weights)}): {exc}") from None
 

@@ -10,6 +10,9 @@ on one machine download it once, the others wait and then find it there. Nothing
   model is only probed for, and passes as "downloaded on first use" (``DownloadOnFirstUse``)
   or is refused.
 
+A weight file that does not match its pinned sha256 (pipeline/models/pins.py), downloaded or
+found in the cache, is deleted and refused like a model that cannot be had.
+
 Before a download the hub is probed with one request that gives up after ``PROBE_TIMEOUT_S``
 (huggingface_hub's own client has no timeout for its first calls), so that an unreachable hub
 is a refusal within seconds, not after the libraries' retries.
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from pipeline.errors import SetupError
+from pipeline.models.pins import Mismatch
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +57,10 @@ class Published:
     probe_url: str  # asked before a download: does the hub answer, and has it the model
     cache: str  # the folder its copy goes to
     lock: str  # the lock file that makes its download once per machine
-    cached: Callable[[], str | None]  # its local copy, found on disk alone, or None
-    download: Callable[[], str]  # download it into the cache; its local copy
+    # Its local copy, found on disk alone, or None; a published file is checked against its
+    # pinned sha256 first (pipeline/models/pins.py), and one that does not match is a Mismatch.
+    cached: Callable[[], str | None]
+    download: Callable[[], str]  # download it into the cache (checked likewise); its local copy
     hugging_face: bool = False  # HF_HUB_OFFLINE applies, and the probe is a GET of the Hub's API
     headers: dict[str, str] = field(default_factory=dict)  # of the probe (a token, for private repos)
 
@@ -142,8 +148,16 @@ def machine_lock(path: str, what: str) -> Iterator[None]:
 
 def obtain(model: Published, who: str, missing: Callable[[str], SetupError], off: str | None = None) -> str:
     """The local copy of ``model``: from the cache, else downloaded into it (once per machine).
-    ``missing(reason)`` is the caller's error for a model that cannot be had, with why; ``off``
-    the caller's own reason not to download (a config switch), or None."""
+    ``missing(reason)`` is the caller's error for a model that cannot be had, with why (a file
+    that did not match its pinned sha256 among them); ``off`` the caller's own reason not to
+    download (a config switch), or None."""
+    try:
+        return _obtain(model, who, missing, off)
+    except Mismatch as exc:
+        raise missing(str(exc)) from None
+
+
+def _obtain(model: Published, who: str, missing: Callable[[str], SetupError], off: str | None) -> str:
     found = model.cached()
     if found is not None:
         return found
@@ -168,6 +182,8 @@ def obtain(model: Published, who: str, missing: Callable[[str], SetupError], off
         log.info("%s: downloading %s from %s into %s", who, model.label, model.url, model.cache)
         try:
             return model.download()
+        except Mismatch:
+            raise
         except Exception as exc:  # noqa: BLE001 - the libraries raise many kinds; the message says which
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise missing(f"its download from {model.url} failed ({type(exc).__name__}: {first})") from None

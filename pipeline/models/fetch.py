@@ -63,12 +63,14 @@ def needed(cfg: Config) -> Iterator[tuple[str, Published | SetupError]]:
 
 def fetch(who: str, model: Published) -> Fetched:
     """``model`` in its cache: found there, or downloaded now."""
-    found = model.cached()
-    if found is not None:
-        return Fetched(who, model.label, "cached", found)
     try:
+        found = model.cached()
+        if found is not None:
+            return Fetched(who, model.label, "cached", found)
         return Fetched(who, model.label, "downloaded", obtain(model, who, SetupError))
-    except SetupError as exc:  # offline, the hub unreachable or without it, a failed download
+    # Offline, the hub unreachable or without it, a failed download, a file that did not match
+    # its pinned sha256.
+    except SetupError as exc:
         return Fetched(who, model.label, "failed", str(exc))
 
 

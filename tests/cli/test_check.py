@@ -8,21 +8,20 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 from conftest import moto_s3
 
 import stagekit
-from checkkit import LISTS, TSM_FILE, listing, provide, put_models, starter, vlcorpus
+from checkkit import LISTS, TSM_FILE, Models, listing, provide, put_models, starter, vlcorpus
 from hubkit import hub_env, stand_in_hub, unreachable_hub
 from pipeline.starter import STYLES
 from pipeline.corpus.storage import Corpus
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
+def models(tmp_path_factory) -> Models:
     return put_models(tmp_path_factory.mktemp("models"))
 
 
@@ -30,10 +29,10 @@ def models(tmp_path_factory) -> dict[str, Path]:
 def test_every_starter_passes_once_what_it_names_is_there(tmp_path, models, style):
     config = starter(style, tmp_path / "configs")
     provide(style, config, models)
-    before = listing(tmp_path), listing(models["hf_home"]), listing(models["torch_home"])
+    before = listing(tmp_path), listing(models.hf_home), listing(models.torch_home)
     with unreachable_hub() as hub:
-        env = hub_env(models["hf_home"], hub, TORCH_HOME=str(models["torch_home"]))
-        result = vlcorpus("check", str(config), env=env)
+        env = hub_env(models.hf_home, hub, TORCH_HOME=str(models.torch_home))
+        result = vlcorpus("check", str(config), env=env, pins=models.pins)
         assert hub.connections == 0
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -43,7 +42,7 @@ def test_every_starter_passes_once_what_it_names_is_there(tmp_path, models, styl
                                                          "featurize", "shard", "train", "score", "report"]
     assert "warning" not in result.stdout and not result.stderr.strip()
     # Nothing written: no root, no logs, nothing in the caches.
-    assert (listing(tmp_path), listing(models["hf_home"]), listing(models["torch_home"])) == before
+    assert (listing(tmp_path), listing(models.hf_home), listing(models.torch_home)) == before
 
 
 @pytest.mark.parametrize("offline", [False, True], ids=["hub unreachable", "VLCORPUS_OFFLINE"])
@@ -84,7 +83,7 @@ def test_a_model_a_build_would_download_is_a_warning_and_nothing_is_downloaded(t
     (tmp_path / "moments.csv").write_text(LISTS["spoken_moments"][1])
     resnet = urlparse(torchvision.models.ResNet152_Weights.DEFAULT.url).path
     empty = tmp_path / "empty"
-    with stand_in_hub({"Systran/faster-whisper-small": tiny_model_path()}, {resnet: models["tsm"]}) as hub:
+    with stand_in_hub({"Systran/faster-whisper-small": tiny_model_path()}, {resnet: models.tsm}) as hub:
         result = vlcorpus("check", str(config), env=hub_env(empty / "hf", hub, TORCH_HOME=str(empty / "torch")))
         assert set(hub.requests) == {"GET /api/models/Systran/faster-whisper-small/revision/main", f"HEAD {resnet}"}
     assert result.returncode == 0, result.stderr

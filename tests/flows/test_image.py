@@ -94,8 +94,8 @@ def test_a_venv_installed_as_the_image_checks_every_role_clean(tmp_path_factory)
         provide(style, config, models)
         before = listing(folder)
         with unreachable_hub() as hub:
-            env = hub_env(models["hf_home"], hub, TORCH_HOME=str(models["torch_home"]))
-            result = vlcorpus("check", str(config), env=env, python=python)
+            env = hub_env(models.hf_home, hub, TORCH_HOME=str(models.torch_home))
+            result = vlcorpus("check", str(config), env=env, python=python, pins=models.pins)
         assert result.returncode == 0, (style, result.stderr)
         assert result.stdout.splitlines()[-1] == f"a build could start: vlcorpus build {config}"
         assert not result.stderr.strip() and listing(folder) == before

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 import torchvision
 from conftest import require_binaries
-from hubkit import COMMIT, cache_model, hub_env, unreachable_hub
+from hubkit import COMMIT, cache_model, hub_env, sha256, unreachable_hub
 
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
@@ -28,6 +28,7 @@ from pipeline.features.base import autocast_dtype, fit_frames
 from pipeline.features.milnce import S3DG, WordTokenizer
 from pipeline.features.tsm import ShiftSettings, parse_settings, shift
 from pipeline.media import FrameRequest, FrameSpec, sample_frames
+from pipeline.models.pins import SHA256
 
 SMALL = FramesConfig(short_side=128, crop=112)  # small frames keep the CPU tests fast
 CPU = FeaturesConfig(device="cpu")
@@ -162,7 +163,8 @@ def test_resnet_weight_file_loads_and_errors_name_the_file(tmp_path) -> None:
 
 def test_default_weights_come_from_the_torch_cache(tmp_path, monkeypatch) -> None:
     """Where downloads are off (the tests' VLCORPUS_OFFLINE=1; tests/stages/test_model_downloads.py
-    has them on), a missing file is refused with where it goes and where it comes from."""
+    has them on), a missing file is refused with where it goes and where it comes from. A file
+    in the cache loads once it matches its pin (here the test's own: pipeline/models/pins.py)."""
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     expected = tmp_path / "hub" / "checkpoints" / "resnet34-b627a593.pth"
     with pytest.raises(WeightsError) as info:
@@ -173,6 +175,7 @@ def test_default_weights_come_from_the_torch_cache(tmp_path, monkeypatch) -> Non
     # Put a file where torchvision's cache keeps it: it loads through torchvision's API.
     expected.parent.mkdir(parents=True)
     torch.save(torchvision.models.resnet34().state_dict(), expected)
+    monkeypatch.setitem(SHA256, expected.name, sha256(expected))
     assert _build("resnet34").weights_id == "torchvision:ResNet34_Weights.IMAGENET1K_V1"
     with pytest.raises(WeightsError, match="resnet50-11ad3fa6.pth"):  # DEFAULT for resnet50 is V2
         _build("resnet50")

@@ -1,6 +1,7 @@
 """Published models downloaded on first use, from stand-in hubs on 127.0.0.1 (tests/hubkit.py):
-into the libraries' caches, once per machine, never where an offline switch says so, and a
-refusal within two seconds where the hub cannot be reached."""
+into the libraries' caches, once per machine, never where an offline switch says so, a refusal
+within two seconds where the hub cannot be reached, and every weight file checked against its
+pinned sha256, downloaded or found in the cache."""
 
 # ruff: noqa: E402
 from __future__ import annotations
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -21,18 +23,24 @@ import pytest
 # skipped there, so the imports below come after this line.
 pytest.importorskip("torch")
 
-from hubkit import COMMIT, hub_env, stand_in_hub, unreachable_hub
+from hubkit import COMMIT, Hub, hub_env, sha256, stand_in_hub, unreachable_hub
 
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
-from pipeline.features import build_extractor
+from pipeline.features import WeightsError, build_extractor
+from pipeline.features.milnce import read_words, weights_path
 from pipeline.features.weights import published_file
 from pipeline.models.cache import obtain
+from pipeline.models.pins import SHA256, pinned
 
 SENTENCE = "A man is playing a guitar."
-# Builds each extractor named after the first argument ("download" or "off": the config's
-# features.download_weights) and prints one JSON line per name: the seconds its build took,
-# and its weights id and the sentence's features, or its refusal.
+# Pins for the MIL-NCE files where a test serves none: production pins none yet, which refuses
+# `weights: default` before any switch or hub is asked.
+UNSERVED = {"s3d_howto100m.pth": "0" * 64, "s3d_dict.npy": "0" * 64}
+MILNCE = "/cluster-willow/amiech/howto100m/"
+# Builds each extractor named after the first two arguments ("download" or "off": the config's
+# features.download_weights; the pins the process adds, as JSON) and prints one JSON line per
+# name: the seconds its build took, and its weights id and the sentence's features, or its refusal.
 _BUILD = f"""
 import json, logging, sys, time
 logging.getLogger("pipeline.models.cache").addHandler(logging.StreamHandler())
@@ -40,8 +48,10 @@ logging.getLogger("pipeline.models.cache").setLevel(logging.INFO)
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
 from pipeline.errors import SetupError
 from pipeline.features import TextExtractor, build_extractor
+from pipeline.models.pins import SHA256
+SHA256.update(json.loads(sys.argv[2]))
 features = FeaturesConfig(device="cpu", download_weights=sys.argv[1] == "download")
-for name in sys.argv[2:]:
+for name in sys.argv[3:]:
     start = time.perf_counter()
     try:
         extractor = build_extractor(ExtractorConfig(name=name), FramesConfig(), features)
@@ -61,17 +71,18 @@ def minilm() -> str:
     return str(gt.get_model_path())
 
 
-def start(env: dict[str, str], *names: str, download: bool = True) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _BUILD, "download" if download else "off", *names], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(env: dict[str, str], *names: str, download: bool = True, pins: Mapping[str, str] = {}) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _BUILD, "download" if download else "off", json.dumps(dict(pins)),
+                             *names],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def rows(out: str) -> list[dict]:
     return [json.loads(line) for line in out.splitlines()]
 
 
-def build(env: dict[str, str], *names: str, download: bool = True) -> list[dict]:
-    out, err = start(env, *names, download=download).communicate(timeout=300)
+def build(env: dict[str, str], *names: str, download: bool = True, pins: Mapping[str, str] = {}) -> list[dict]:
+    out, err = start(env, *names, download=download, pins=pins).communicate(timeout=300)
     assert len(out.splitlines()) == len(names), err
     return rows(out)
 
@@ -133,7 +144,7 @@ def test_a_text_model_is_downloaded_on_first_use_once_per_machine(tmp_path, mini
 def test_an_offline_switch_is_a_refusal_at_once_without_a_connection(tmp_path, minilm, switch, names, says):
     with stand_in_hub({"org/minilm": minilm}) as hub:
         env = hub_env(tmp_path / "hf", hub, TORCH_HOME=str(tmp_path / "torch"), **switch)
-        found = build(env, *names, download=bool(switch))
+        found = build(env, *names, download=bool(switch), pins=UNSERVED)
         assert hub.connections == 0
     for row in found:
         assert "cannot be downloaded here: " + says in row["error"] and row["seconds"] < 2, row
@@ -144,7 +155,7 @@ def test_an_offline_switch_is_a_refusal_at_once_without_a_connection(tmp_path, m
 def test_an_unreachable_hub_is_a_refusal_within_two_seconds(tmp_path, silent):
     with unreachable_hub(silent) as hub:
         env = hub_env(tmp_path / "hf", hub, TORCH_HOME=str(tmp_path / "torch"))
-        found = build(env, "text:org/minilm", "resnet34", "s3d_howto100m")
+        found = build(env, "text:org/minilm", "resnet34", "s3d_howto100m", pins=UNSERVED)
         assert hub.connections == 1  # the first probe; the others know the hub is down
     assert sum(row["seconds"] for row in found) < 2, found
     for row in found:
@@ -158,17 +169,88 @@ def test_an_unreachable_hub_is_a_refusal_within_two_seconds(tmp_path, silent):
                              f"cache ({tmp_path / 'torch' / 'hub' / 'checkpoints'})")
 
 
-def test_a_published_file_that_does_not_match_its_hash_is_refused_and_not_kept(tmp_path):
-    """torchvision's file names carry the prefix of their sha256, checked as torch.hub does."""
+def test_a_torchvision_file_that_does_not_match_its_hash_is_refused_and_not_kept(tmp_path):
+    """torchvision's file names carry the first 8 hex digits of their sha256: that is their pin."""
     junk = tmp_path / "junk.pth"
     junk.write_bytes(b"not the published weights")
     checkpoints = tmp_path / "torch" / "hub" / "checkpoints"
     with stand_in_hub(files={"/models/resnet34-b627a593.pth": junk}) as hub:
         [row] = build(hub_env(tmp_path / "hf", hub, TORCH_HOME=str(tmp_path / "torch")), "resnet34")
         assert hub.downloads() == 1
-    assert f"its download from {hub.url}/models/resnet34-b627a593.pth failed (RuntimeError: invalid hash value" \
-        in row["error"]
+    assert f", and the file downloaded from {hub.url}/models/resnet34-b627a593.pth did not match its pinned " \
+        f"sha256 (expected b627a593, got {sha256(junk)}) and was deleted. Download " in row["error"]
+    assert "\n" not in row["error"]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["resnet34-b627a593.pth.lock"]
+
+
+def test_milnce_default_weights_are_refused_while_their_sha256_is_not_pinned(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    with pytest.raises(WeightsError) as info:
+        weights_path("s3d_howto100m", "default", None)
+    assert str(info.value).startswith(
+        "no sha256 is pinned for the published s3d_howto100m.pth (pipeline/models/pins.py), so it is neither "
+        "downloaded nor loaded from the cache; download "
+        "https://www.rocq.inria.fr/cluster-willow/amiech/howto100m/s3d_howto100m.pth")
+    assert not (tmp_path / "hub").exists()
+
+
+@pytest.fixture
+def milnce_hub(tmp_path, monkeypatch) -> Iterator[tuple[Hub, dict[str, Path]]]:
+    """The MIL-NCE files on a stand-in mirror, downloads on, torch's cache under tmp_path."""
+    served = {"s3d_howto100m.pth": tmp_path / "served.pth", "s3d_dict.npy": tmp_path / "served.npy"}
+    served["s3d_howto100m.pth"].write_bytes(b"the checkpoint, as the mirror has it")
+    np.save(served["s3d_dict.npy"], np.array(["open", "the", "door"]))
+    monkeypatch.delenv("VLCORPUS_OFFLINE", raising=False)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    with stand_in_hub(files={MILNCE + name: path for name, path in served.items()}) as hub:
+        monkeypatch.setenv("VLCORPUS_WEIGHTS_MIRROR", hub.url)
+        yield hub, served
+
+
+def test_milnce_files_that_match_their_pins_load(tmp_path, milnce_hub, monkeypatch):
+    hub, served = milnce_hub
+    for name, path in served.items():
+        monkeypatch.setitem(SHA256, name, sha256(path))
+    path = weights_path("s3d_howto100m", "default", None)
+    assert path == str(tmp_path / "torch" / "hub" / "checkpoints" / "s3d_howto100m.pth") and hub.downloads() == 2
+    assert read_words(path) == ["open", "the", "door"]
+    # Found in the cache later: checked, not downloaded again.
+    assert weights_path("s3d_howto100m", "default", None) == path and hub.downloads() == 2
+
+
+def test_a_served_file_that_does_not_match_its_pin_is_refused_and_gone(tmp_path, milnce_hub, monkeypatch):
+    hub, served = milnce_hub
+    monkeypatch.setitem(SHA256, "s3d_howto100m.pth", sha256(served["s3d_howto100m.pth"]))
+    monkeypatch.setitem(SHA256, "s3d_dict.npy", "ab" * 32)  # not the served word list's
+    with pytest.raises(WeightsError) as info:
+        weights_path("s3d_howto100m", "default", None)
+    checkpoints = tmp_path / "torch" / "hub" / "checkpoints"
+    assert str(info.value).startswith(
+        f"s3d_howto100m: the published s3d_howto100m.pth and s3d_dict.npy are not in the local cache ({checkpoints}), "
+        f"and the file downloaded from {hub.url}{MILNCE}s3d_dict.npy did not match its pinned sha256 (expected "
+        f"{'ab' * 32}, got {sha256(served['s3d_dict.npy'])}) and was deleted; ")
+    assert "\n" not in str(info.value)
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["s3d_dict.npy.lock", "s3d_howto100m.pth",
+                                                            "s3d_howto100m.pth.lock"]
+
+
+def test_a_cached_file_that_does_not_match_its_pin_is_refused_and_gone(tmp_path, monkeypatch):
+    """Found in the cache, a file is checked too (once per process): a changed one is refused
+    before any hub is asked."""
+    checkpoints = tmp_path / "hub" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    cached = checkpoints / "resnet34-b627a593.pth"
+    cached.write_bytes(b"changed since it was downloaded")
+    actual = sha256(cached)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    with unreachable_hub() as hub:
+        monkeypatch.setenv("VLCORPUS_WEIGHTS_MIRROR", hub.url)
+        with pytest.raises(WeightsError) as info:
+            build_extractor(ExtractorConfig(name="resnet34"), FramesConfig(), FeaturesConfig(device="cpu"))
+        assert hub.connections == 0
+    assert f"{cached} did not match its pinned sha256 (expected b627a593, got {actual}) and was deleted" \
+        in str(info.value)
+    assert not cached.exists()
 
 
 def test_a_published_file_is_downloaded_from_the_mirror_once(tmp_path, monkeypatch):
@@ -179,7 +261,8 @@ def test_a_published_file_is_downloaded_from_the_mirror_once(tmp_path, monkeypat
     monkeypatch.delenv("VLCORPUS_OFFLINE", raising=False)
     with stand_in_hub(files={f"/models/{name}": served}) as hub:
         monkeypatch.setenv("VLCORPUS_WEIGHTS_MIRROR", hub.url)
-        model = published_file("tiny", f"https://download.pytorch.org/models/{name}", str(tmp_path / "cache" / name))
+        model = published_file("tiny", f"https://download.pytorch.org/models/{name}", str(tmp_path / "cache" / name),
+                               pinned(name))
         assert model.url == f"{hub.url}/models/{name}"
         path = obtain(model, "test", SetupError)
         assert Path(path).read_bytes() == data and hub.downloads() == 1
