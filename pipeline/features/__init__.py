@@ -12,13 +12,14 @@
 | resnet34 / resnet50 / resnet152 | [T, 512 / 2048] | 2 / 1 / 1 fps | torchvision ImageNet, from the torch cache |
 | tsm_r50 | [2048] | 8 (the checkpoint's segments) | none: a TSM checkpoint path is required |
 | s3d | [1024] | 16 | torchvision Kinetics-400, from the torch cache |
-| s3d_howto100m | [512] video embedding | 32 | the published s3d_howto100m.pth (+ s3d_dict.npy), from the torch cache |
+| s3d_howto100m | [512] video embedding | 32 | published s3d_howto100m.pth (+ s3d_dict.npy): refused until pinned |
 | s3d_howto100m:mixed_5c | [1024] pooled Mixed_5c | 32 | as s3d_howto100m |
 | text:s3d_howto100m | [512] text embedding | - | as s3d_howto100m |
 | text:<hf id or folder> | [D] or [K, D] | - | the model itself, from a folder or the HF cache |
 
 A published model missing from its cache is downloaded into it on first use
-(pipeline/models/cache.py); ``published_models`` names them for ``vlcorpus fetch-models``.
+(pipeline/models/cache.py), and a weight file checked against its pinned sha256
+(pipeline/models/pins.py); ``published_models`` names them for ``vlcorpus fetch-models``.
 """
 
 from __future__ import annotations
