@@ -301,7 +301,10 @@ def weights_path(name: str, weights: str, off: str | None) -> str:
     word list beside it), downloaded there unless ``off`` or an offline switch says why not."""
     if weights != "default":
         return weights
-    checkpoint, words = _published()
+    try:
+        checkpoint, words = _published()
+    except WeightsError as exc:  # not pinned
+        raise WeightsError(f"{name}: {exc}") from None
 
     def missing(reason: str) -> WeightsError:
         return WeightsError(f"{name}: the published {WEIGHTS_FILE} and {DICT_FILE} are not in the local cache "
