@@ -188,8 +188,8 @@ def test_milnce_default_weights_are_refused_while_their_sha256_is_not_pinned(tmp
     with pytest.raises(WeightsError) as info:
         weights_path("s3d_howto100m", "default", None)
     assert str(info.value).startswith(
-        "s3d_howto100m: no sha256 is pinned for the published s3d_howto100m.pth (pipeline/models/pins.py), so it is neither "
-        "downloaded nor loaded from the cache; download "
+        "s3d_howto100m: no sha256 is pinned for the published s3d_howto100m.pth (pipeline/models/pins.py), so it "
+        "is neither downloaded nor loaded from the cache; download "
         "https://www.rocq.inria.fr/cluster-willow/amiech/howto100m/s3d_howto100m.pth")
     assert not (tmp_path / "hub").exists()
 
