@@ -184,6 +184,7 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
         prepare_download_limit(cfg)
     progress = BuildProgress(stage_names, len(labels))
     failure: BaseException | None = None
+    said: set[str] = set()  # the parts whose stop this pass has said
 
     def collect(future: PrefectFuture) -> None:
         nonlocal failure
@@ -197,6 +198,12 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
             return
         results.append(result)
         progress.finished(result)
+        for name, part in result["parts"].items():
+            # Once a build, as soon as a task reports it: an outage or a block stops every
+            # partition in flight, each on its worker, for the same reason.
+            if part["stopped"] and name not in said:
+                said.add(name)
+                logger.warning("%s: %s", name, part["stopped"])
 
     try:
         if pipelined:
@@ -250,8 +257,6 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
             report = totals[name].parts.get(part.name)
             if report is None:
                 continue
-            if report.stopped:
-                logger.warning("%s: %s", part.name, report.stopped)
             if part.finish is not None:
                 with limits.using(flow_limits()):
                     report.figures = part.finish(ctx, report, started)
