@@ -224,6 +224,8 @@ def _commit(corpus: Corpus, cfg: Config, spill: _Spill, report: DiscoverReport,
         return  # nothing yet to size the partitions by
     count = corpus.init_partitions(requested or partitions.choose(found))
     report.partitions = count
+    if not found:
+        return  # the count is fixed all the same; nothing to write (no query listed a video)
     spilled = spill.by_partition(count)
     drops: Counter = Counter()
     for index in range(count):
