@@ -142,6 +142,7 @@ def _listed(query: Query, cfg: Config, network: Watch) -> list[dict[str, Any] | 
         network.admit()
         with network.attempt(query.key, host, network.clock()):
             return list(list_query(query, cfg))
+        # Here only when the attempt swallowed a network failure: the network is now down.
 
 
 def _rows(query: Query, cfg: Config, retry: RetryPolicy, network: Watch
