@@ -35,13 +35,14 @@ from prefect.states import Cancelled, Failed
 from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
 
-from flows.partition_passes import run_partitions
+from flows.partition_passes import flow_limits, run_partitions
 from flows.build_progress import publish_summary
 from flows.services import build_services
 from flows.rerun import name_rerun
 from flows.siblings import mark_crashed, superseded
 
 from pipeline.config import Config, config_hash, dump_config, load_config
+from pipeline.download import limits
 from pipeline.errors import SetupError
 from pipeline.compose.health import assess
 from pipeline.graph import AFTER_TRAIN, ORDER, SPECS, check_name, stages_until
@@ -56,9 +57,12 @@ from pipeline.corpus.summary import summarize
 @task(name="step", task_run_name="{step_name}", retries=2, retry_delay_seconds=[2, 10],
       cache_policy=NO_CACHE, persist_result=False)
 def step_task(step_name: str, root: str, cfg: Config) -> dict[str, Any]:
+    """A corpus-wide step, called (not submitted) in the flow's process, with the build's shared
+    limits: discover's searches go through the downloads' network watch."""
     started = time.monotonic()
     step = next(p for p in parts(step_name, cfg))
-    report = run_step(step, context(Corpus(root), cfg))
+    with limits.using(flow_limits()):
+        report = run_step(step, context(Corpus(root), cfg))
     return {**report, "seconds": time.monotonic() - started}
 
 

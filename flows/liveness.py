@@ -4,9 +4,12 @@ A process killed with its machine reports nothing, so its run would stay Running
 run of its root took the lock over, a day later for a nightly build. Instead each run's process
 sends Prefect's flow-run heartbeats (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, put in the
 deployments' job variables so that no worker needs the variable), and one automation per server
-marks a run Crashed when its heartbeats stop: Prefect's answer to "zombie" flow runs. The
-Crashed state then fires the alert of infra/alerts.py, and a deployment's rerun
-(flows/rerun.py) where it has one.
+marks a run Crashed when its heartbeats stop: Prefect's answer to "zombie" flow runs. Prefect's
+own watch starts at a run's first heartbeat, so a process that died between entering Running
+and sending one would never be marked; the automation also watches the runs of the deployments
+registered here (which carry TAG, and send heartbeats) from their Running state. The Crashed
+state then fires the alert of infra/alerts.py, and a deployment's rerun (flows/rerun.py) where
+it has one.
 """
 
 from __future__ import annotations
@@ -18,11 +21,15 @@ from prefect.automations import Automation
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.events.actions import ChangeFlowRunState
-from prefect.events.schemas.automations import EventTrigger, Posture
+from prefect.events.schemas.automations import CompoundTrigger, EventTrigger, Posture
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 NAME = "vlcorpus-crashed-when-silent"
 HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
+# The tag of the deployments whose runs send heartbeats, watched from their start: a run of
+# another deployment of the same flows (one served, or registered before this tag) may send
+# none, and must not be taken for dead.
+TAG = "vlcorpus-heartbeats"
 # Prefect sends heartbeats no more often than this (prefect.flow_engine.MINIMUM_HEARTBEAT_INTERVAL).
 MIN_HEARTBEAT_S = 30
 # Any of these ends a run's watch: a heartbeat starts the next wait, a final state ends it.
@@ -55,19 +62,29 @@ class Liveness(BaseModel):
                 f"machine died); its committed batches are kept and the next run of the root resumes them")
 
 
+def _silent_after(event: str, related: list[dict[str, str | list[str]]], liveness: Liveness) -> EventTrigger:
+    """Fires for a flow run (matching ``related``) that sent no heartbeat and reached no final
+    state within ``crashed_after_s`` of its ``event``."""
+    return EventTrigger(
+        after={event}, expect=_ALIVE_OR_ENDED,
+        match={"prefect.resource.id": "prefect.flow-run.*"}, match_related=related,
+        for_each={"prefect.resource.id"},
+        posture=Posture.Proactive, threshold=1, within=timedelta(seconds=liveness.crashed_after_s))
+
+
 def install(liveness: Liveness, flows: Iterable[str]) -> Automation:
     """Create (or replace) the server's automation that marks a run of ``flows`` (these flow
-    names: a build's subflow runs send heartbeats too) Crashed once its heartbeats stop."""
+    names: a build's subflow runs send heartbeats too) Crashed once its heartbeats stop, and a
+    run of a deployment tagged TAG that sent none since it entered Running."""
+    of_flows = {"prefect.resource.role": "flow", "prefect.resource.name": sorted(flows)}
     automation = Automation(
         name=NAME,
         description=f"A vlcorpus run sent no heartbeat for {liveness.crashed_after_s} s: mark it Crashed.",
-        trigger=EventTrigger(
-            after={"prefect.flow-run.heartbeat"},
-            expect=_ALIVE_OR_ENDED,
-            match={"prefect.resource.id": "prefect.flow-run.*"},
-            match_related={"prefect.resource.role": "flow", "prefect.resource.name": sorted(flows)},
-            for_each={"prefect.resource.id"},
-            posture=Posture.Proactive, threshold=1, within=timedelta(seconds=liveness.crashed_after_s)),
+        trigger=CompoundTrigger(require="any", triggers=[
+            _silent_after("prefect.flow-run.heartbeat", [of_flows], liveness),
+            _silent_after("prefect.flow-run.Running",
+                          [of_flows, {"prefect.resource.id": f"prefect.tag.{TAG}"}], liveness),
+        ]),
         actions=[ChangeFlowRunState(state=StateType.CRASHED, message=liveness.message())],
     )
     with get_client(sync_client=True) as client:

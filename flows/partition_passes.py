@@ -92,6 +92,13 @@ def backend(limits_on: str, client: Client | None = None) -> limits.Backend:
     return cluster_backend(client) if limits_on == "cluster" else PREFECT
 
 
+def flow_limits() -> limits.Backend:
+    """The build's backend in the flow's own process (a stage's finish, a step such as discover
+    that runs as a task called in the flow): the cluster through the task runner's client."""
+    limits_on = where_limits()
+    return backend(limits_on, FlowRunContext.get().task_runner.client if limits_on == "cluster" else None)
+
+
 def prepare_download_limit(cfg: Config) -> None:
     """Create or resize the global concurrency limit downloads take slots of to the config's
     ``download.concurrency``; builds sharing a limit name should agree on its size."""
@@ -177,6 +184,7 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
         prepare_download_limit(cfg)
     progress = BuildProgress(stage_names, len(labels))
     failure: BaseException | None = None
+    said: set[str] = set()  # the parts whose stop this pass has said
 
     def collect(future: PrefectFuture) -> None:
         nonlocal failure
@@ -190,6 +198,12 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
             return
         results.append(result)
         progress.finished(result)
+        for name, part in result["parts"].items():
+            # Once a build, as soon as a task reports it: an outage or a block stops every
+            # partition in flight, each on its worker, for the same reason.
+            if part["stopped"] and name not in said:
+                said.add(name)
+                logger.warning("%s: %s", name, part["stopped"])
 
     try:
         if pipelined:
@@ -243,10 +257,8 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
             report = totals[name].parts.get(part.name)
             if report is None:
                 continue
-            if report.stopped:
-                logger.warning("%s: %s", part.name, report.stopped)
             if part.finish is not None:
-                with limits.using(backend(limits_on, FlowRunContext.get().task_runner.client)):
+                with limits.using(flow_limits()):
                     report.figures = part.finish(ctx, report, started)
     out: dict[str, dict[str, Any]] = {}
     for total in totals.values():

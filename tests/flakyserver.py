@@ -9,7 +9,8 @@ Page ``/v/<stem>.html`` has a <video> and two caption tracks, ``en`` and ``en-au
 picks a misbehaviour: ``forbidden`` (the page is always 403), ``expiring`` (its media answers
 403 the first time, like an expired signed URL), ``cap404`` (the ``en`` track is 404),
 ``capbad`` (the ``en`` track is not subtitles), ``truncated`` (its media is cut in half),
-``notvideo`` (its media is not a video).
+``notvideo`` (its media is not a video). Page ``/list/<stem>.html`` embeds three videos: a
+playlist for discover.
 
 ``forward_proxy`` is an HTTP proxy on 127.0.0.1 that can ask for a password or refuse every
 request (a blocked egress).
@@ -169,6 +170,11 @@ def _handler(media: bytes, stats: Stats, rng: random.Random,
                         f'<track kind="captions" src="/subs/{stem}.auto.vtt" srclang="en-auto">'
                         f'</video></body></html>')
                 self._send(200, page.encode(), "text/html")
+            elif self.path.startswith("/list/") and name.endswith(".html"):
+                videos = "".join(f'<video controls><source src="/media/{stem}-{i}.mp4" type="video/mp4"></video>'
+                                 for i in range(3))
+                self._send(200, f"<html><head><title>list {stem}</title></head><body>{videos}</body></html>".encode(),
+                           "text/html")
             elif self.path.startswith("/media/"):
                 with stats.lock:
                     expire = "expiring" in stem and stem not in stats.expired

@@ -4,7 +4,8 @@
   playlists, txt/csv/parquet list files, local folders)
 - rows.py: a videos row of a yt-dlp entry, a URL or a file; a video's id from its URL
 - filters.py: URL schemes that may be fetched, the config's filters on known metadata
-- stage.py: the stage: list every query, dedup, filter, append the new videos by partition
+- stage.py: the stage: list every query (searches and playlists through the network watch of
+  pipeline/download/outage.py), dedup, filter, append the new videos by partition
 """
 
 from pipeline.discover.filters import drop_reason, scheme_problem

@@ -3,6 +3,11 @@
 Videos are deduplicated by video_id across sources (the first source in config order wins),
 filtered on what metadata is known, and appended: a scheduled rerun adds new videos and keeps
 the ones already found.
+
+Searches and playlists go through the network watch of downloads (pipeline/download/outage.py):
+while the network is down they wait, and an outage longer than ``download.max_outage_s`` stops
+discover in one line, with the videos found so far kept and no errors rows for the queries it
+did not list (every run lists every query).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,6 +32,7 @@ from pipeline.config import Config
 from pipeline.discover.filters import drop_reason, scheme_problem
 from pipeline.discover.rows import BadRecord
 from pipeline.discover.sources import Query, list_query, queries
+from pipeline.download.outage import NetworkDown, Watch, Work, watch
 from pipeline.errors import ErrorKind, classify
 from pipeline.ids import batch_name
 from pipeline.corpus.partitions import CORPUS, index_of as partition_index
@@ -48,6 +55,8 @@ class DiscoverReport:
     added: int = 0
     partitions: int = 0
     per_query: dict[str, int] | None = None
+    stopped: str | None = None  # why discover stopped before listing every query (the network)
+    left: int = 0  # the queries it did not list, for the next run
 
 
 # Rows found, in the order found, spilled to local scratch space before dedup: a list of a
@@ -119,12 +128,33 @@ class _Errors:
             self.rows = []
 
 
-def _rows(query: Query, cfg: Config, retry: RetryPolicy) -> tuple[Iterable | None, Exception | None, int]:
-    """A query's rows: searches and playlists listed now, with retries; lists and folders as
-    they are read."""
+LISTINGS = Work("discover", "listings of several searches or playlists",
+                "The searches and playlists not listed are not failed: the next run lists them "
+                "again once the network is back.")
+
+
+def _listed(query: Query, cfg: Config, network: Watch) -> list[dict[str, Any] | BadRecord]:
+    """A search or playlist listed once the network is up; a failure on the network that takes
+    it as down is no failure of the query: it waits with the others and is listed again."""
+    # The site a search asks is named by its prefix ("ytsearch"), a playlist's by its URL.
+    host = query.source.prefix if query.kind == "search" else urlsplit(query.target).hostname or "none"
+    while True:
+        network.admit()
+        with network.attempt(query.key, host, network.clock()):
+            return list(list_query(query, cfg))
+        # Here only when the attempt swallowed a network failure: the network is now down.
+
+
+def _rows(query: Query, cfg: Config, retry: RetryPolicy, network: Watch
+          ) -> tuple[Iterable | None, Exception | None, int]:
+    """A query's rows: searches and playlists listed now, through the network watch and with
+    retries; lists and folders as they are read. A stop of the watch (NetworkDown) is returned
+    as the query's exception, with no tries."""
     if query.kind in ("search", "playlist"):
-        result, exc, tries = retrying(lambda: list(list_query(query, cfg)), retry)
-        return result, exc, tries
+        try:
+            return retrying(lambda: _listed(query, cfg, network), retry)
+        except NetworkDown as stop:
+            return None, stop, 0
     return list_query(query, cfg), None, 1
 
 
@@ -139,11 +169,15 @@ def discover(ctx: StageContext) -> DiscoverReport:
     report = DiscoverReport(queries=len(todo), dropped={}, per_query={})
     now = datetime.now(UTC)
     errors = _Errors(corpus, now)
+    network = watch(cfg.download, LISTINGS)
     with tempfile.TemporaryDirectory(prefix="vlcorpus-discover-") as scratch:
         spill = _Spill(scratch)
         with ThreadPoolExecutor(max_workers=cfg.download.concurrency) as pool:
-            listed = pool.map(lambda q: (q, *_rows(q, cfg, ctx.retry)), todo)
+            listed = pool.map(lambda q: (q, *_rows(q, cfg, ctx.retry, network)), todo)
             for query, rows, exc, tries in track(listed, "discover", total=len(todo)):
+                if isinstance(exc, NetworkDown):  # not listed, not failed: the next run lists it
+                    report.stopped, report.left = report.stopped or str(exc), report.left + 1
+                    continue
                 report.per_query[query.key] = 0
                 try:
                     if exc is not None:
@@ -160,6 +194,8 @@ def discover(ctx: StageContext) -> DiscoverReport:
     log.info("discover: %d found, %d duplicates, %d refused, %d dropped %s, %d new in %d partitions",
              report.found, report.duplicates, report.refused, sum(report.dropped.values()),
              report.dropped, report.added, report.partitions)
+    if report.stopped:
+        log.warning("%s", report.stopped)
     return report
 
 
@@ -189,6 +225,8 @@ def _commit(corpus: Corpus, cfg: Config, spill: _Spill, report: DiscoverReport,
         return  # nothing yet to size the partitions by
     count = corpus.init_partitions(requested or partitions.choose(found))
     report.partitions = count
+    if not found:
+        return  # the count is fixed all the same; nothing to write (no query listed a video)
     spilled = spill.by_partition(count)
     drops: Counter = Counter()
     for index in range(count):

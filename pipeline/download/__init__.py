@@ -8,7 +8,8 @@
   the classification of its errors
 - ytdlp_args.py: yt-dlp's own command-line options read into its Python API options
 - breaker.py: the circuit breaker that pauses downloads when a site blocks the session
-- outage.py: the network watch that pauses downloads while the network is down
+- outage.py: the network watch that pauses downloads, and discover's searches and playlists,
+  while the network is down
 - gone_hosts.py: a host judged gone only from evidence across runs
 - limits.py: what tasks running side by side share: concurrency slots, request rates, the
   breaker's and the network watch's states (flows/ installs a cluster-wide backend)

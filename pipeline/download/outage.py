@@ -1,15 +1,16 @@
-"""The network watch of downloads: when downloads fail on the network one after the other (no
-name resolves, connections refused or timing out), the network is taken as down. Every download
-then pauses, as for a block (pipeline/download/breaker.py): the videos wait instead of failing, a
-download is let through after each cool-down to probe, the cool-down doubles while the probes
-fail, and an outage longer than ``download.max_outage_s`` stops the stage in one line, with the
-videos not downloaded left to do and no errors rows for them.
+"""The network watch of downloads and of discover's listings: when requests fail on the network
+one after the other (no name resolves, connections refused or timing out), the network is taken
+as down. Every download and listing then pauses, as for a block (pipeline/download/breaker.py):
+the videos and queries wait instead of failing, one is let through after each cool-down to probe,
+the cool-down doubles while the probes fail, and an outage longer than ``download.max_outage_s``
+stops the stage in one line, with what it did not do left to do and no errors rows for it.
 
-The network is down when ``threshold`` different videos failed on it with no download reaching
-a site in between (within ``window_s``), unless they all failed on one host while another host
-was reached last: that is the host's trouble (a domain gone, a server down), not the network's,
-and its videos fail on their own. The state lives in a store of pipeline.download.limits, shared like the
-breaker's by every worker and build that name the same ``download.concurrency_limit``.
+The network is down when ``threshold`` different videos (or queries) failed on it with no request
+reaching a site in between (within ``window_s``), unless they all failed on one host while another
+host was reached last: that is the host's trouble (a domain gone, a server down), not the
+network's, and its videos fail on their own. The state lives in a store of
+pipeline.download.limits, shared like the breaker's by every worker and build that name the same
+``download.concurrency_limit``, so downloads and discover see one outage.
 """
 
 from __future__ import annotations
@@ -18,16 +19,34 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from pipeline.config import DownloadConfig
+from pipeline.download import limits
 from pipeline.download.breaker import OK_EVERY_S, POLL_S, Policy, duration, paused, recent_events, tripped, video_tag
 from pipeline.errors import NetworkError, StageError, StageStopped
 from pipeline.download.limits import State, Store
 from pipeline.progress import log
 
 _KEY = "network"
-STOP_PREFIX = "downloads stopped: the network is down"
+STOPPED = "stopped: the network is down"
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a watch holds back, in the words of its lines: ``name`` pauses and stops,
+    ``failing`` is what failed in a row, ``left`` says what a stop leaves and when it is done."""
+
+    name: str
+    failing: str
+    left: str
+
+
+DOWNLOADS = Work("downloads", "downloads of several videos",
+                 "The videos not downloaded are left to do, not failed: the next run tries them "
+                 "again once the network is back.")
 
 
 def fresh() -> State:
@@ -71,16 +90,15 @@ def reached(state: State | None, host: str, admitted: float) -> State:
     return s
 
 
-def stop_message(down_s: float, policy: Policy) -> str:
-    return (f"{STOP_PREFIX} (downloads of several videos in a row failed on it, and every probe "
-            f"since) for {duration(down_s)}, longer than download.max_outage_s "
-            f"({policy.max_block_s:g} s). The videos not downloaded are left to do, not failed: "
-            f"the next run tries them again once the network is back.")
+def stop_message(down_s: float, policy: Policy, work: Work) -> str:
+    return (f"{work.name} {STOPPED} (requests for several videos or queries in a row failed on "
+            f"it, and every probe since) for {duration(down_s)}, longer than "
+            f"download.max_outage_s ({policy.max_block_s:g} s). {work.left}")
 
 
 def network_down(stopped: str | None) -> bool:
     """Whether a stage's ``stopped`` message says the network was down."""
-    return bool(stopped) and stopped.startswith(STOP_PREFIX)
+    return bool(stopped) and STOPPED in stopped
 
 
 class NetworkDown(StageStopped):
@@ -111,12 +129,14 @@ class Attempt:
 
 
 class Watch:
-    """The network watch as one download stage uses it; threads of a batch share one. Its
-    ``policy`` is the breaker's, with ``max_block_s`` standing for ``download.max_outage_s``."""
+    """The network watch as one download stage or one discover uses it; threads of a batch
+    share one. Its ``policy`` is the breaker's, with ``max_block_s`` standing for
+    ``download.max_outage_s``; ``work`` is what it holds back. A ``video`` below is whatever
+    one request is for: a video, or one of discover's queries."""
 
-    def __init__(self, store: Store, policy: Policy, clock: Callable[[], float] = time.time,
+    def __init__(self, store: Store, policy: Policy, work: Work, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], Any] = time.sleep) -> None:
-        self.store, self.policy, self.clock, self.sleep = store, policy, clock, sleep
+        self.store, self.policy, self.work, self.clock, self.sleep = store, policy, work, clock, sleep
         self._seen: State = fresh()
         self._wrote = 0.0
         self._lock = threading.Lock()
@@ -135,8 +155,8 @@ class Watch:
             if wait <= 0:
                 return
             if state["since"] is not None and now - state["since"] + wait > self.policy.max_block_s:
-                raise NetworkDown(stop_message(now - state["since"] + wait, self.policy))
-            log.info("downloads paused for %.1f s: the network is down", wait)
+                raise NetworkDown(stop_message(now - state["since"] + wait, self.policy, self.work))
+            log.info("%s paused for %.1f s: the network is down", self.work.name, wait)
             self.sleep(min(wait, POLL_S))
 
     def attempt(self, video: str, host: str, admitted: float) -> Attempt:
@@ -151,8 +171,8 @@ class Watch:
         if state["tripped_at"] == now:
             # One warning an outage, however long: its probes failing say nothing new.
             level = logging.WARNING if state["trips"] == 1 else logging.INFO
-            log.log(level, "the network is down: downloads of several videos in a row failed on it; "
-                    "downloads pause for %.1f s (pause %d of this outage)",
+            log.log(level, "the network is down: %s in a row failed on it; %s paused for %.1f s "
+                    "(pause %d of this outage)", self.work.failing, self.work.name,
                     state["open_until"] - now, state["trips"])
         return state["open_until"] > now
 
@@ -176,3 +196,11 @@ class Watch:
 
     def paused(self, start: float, end: float) -> tuple[int, float]:
         return paused([self._read()], start, end)
+
+
+def watch(cfg: DownloadConfig, work: Work) -> Watch:
+    """The network watch of ``cfg`` (one per ``download.concurrency_limit``, in the store that
+    pipeline.download.limits shares) for ``work``."""
+    policy = Policy(cfg.network_threshold, cfg.block_window_s, cfg.network_cooldown_s,
+                    cfg.network_cooldown_max_s, cfg.max_outage_s)
+    return Watch(limits.store(f"{cfg.concurrency_limit}-network"), policy, work)

@@ -55,7 +55,7 @@ from pipeline.download.files import (
     unreadable_subtitles,
     ytdlp_options,
 )
-from pipeline.download.outage import NetworkDown, Watch, network_down
+from pipeline.download.outage import DOWNLOADS, NetworkDown, Watch, network_down, watch
 from pipeline.download.ytdlp import ForbiddenError, download, egresses
 from pipeline.errors import (
     BadInputError,
@@ -94,12 +94,6 @@ def _gate(cfg: DownloadConfig) -> Gate:
                     cfg.block_cooldown_max_s, cfg.max_block_s)
     store = limits.store(f"{cfg.concurrency_limit}-breaker")
     return Gate(store, policy, [egress.key for egress in egresses(cfg)])
-
-
-def _watch(cfg: DownloadConfig) -> Watch:
-    policy = Policy(cfg.network_threshold, cfg.block_window_s, cfg.network_cooldown_s,
-                    cfg.network_cooldown_max_s, cfg.max_outage_s)
-    return Watch(limits.store(f"{cfg.concurrency_limit}-network"), policy)
 
 
 @contextmanager
@@ -300,7 +294,7 @@ def process(items: Sequence[Item], ctx: StageContext) -> list[Outcome]:
     hosts that did not resolve are judged once the batch is over; a stop (StageStopped) keeps
     the outcomes settled so far."""
     dl = ctx.config.download
-    batch = _Batch(_gate(dl), _watch(dl))
+    batch = _Batch(_gate(dl), watch(dl, DOWNLOADS))
     one = per_item(lambda item, c: download_one(item, c, batch))
 
     def run(item: Item) -> Outcome | StageStopped:
@@ -331,7 +325,7 @@ def finish(ctx: StageContext, report: StageReport, started: float) -> dict[str, 
     whether the network was down when the stage stopped."""
     ended = time.time()
     pauses, paused_s = _gate(ctx.config.download).paused(started, ended)
-    outages, outage_s = _watch(ctx.config.download).paused(started, ended)
+    outages, outage_s = watch(ctx.config.download, DOWNLOADS).paused(started, ended)
     figures = {
         "started": datetime.fromtimestamp(started, UTC).isoformat(),
         "seconds": round(ended - started, 1),

@@ -144,7 +144,9 @@ def run_partition(stage: Stage, ctx: StageContext, partition: str, batch_size: i
             report.add(run_batch(stage, batch, ctx, partition, plan.redo))
             bar.advance(len(batch))
     if report.stopped:
-        log.warning("%s p%s: %s", stage.name, partition, report.stopped)
+        # Its reason is said once for the stage by the caller (run_stage, or the flow over the
+        # partitions in flight): an outage or a block stops every one of them.
+        log.info("%s p%s: stopped with %d left to do", stage.name, partition, report.left)
     stage.target.finish(ctx.corpus, partition)
     ctx.corpus.compact("errors", partition)
     return report
@@ -160,6 +162,8 @@ def run_stage(stage: Stage, ctx: StageContext, batch_size: int, retry_failed: bo
             total.left += plan_partition(stage, ctx, partition, retry_failed).report.todo
             continue
         total.merge(run_partition(stage, ctx, partition, batch_size, retry_failed))
+        if total.stopped:
+            log.warning("%s: %s", stage.name, total.stopped)
     if stage.finish is not None:
         total.figures = stage.finish(ctx, total, started)
     return total

@@ -69,11 +69,14 @@ T = TypeVar("T")
 
 def retrying(fn: Callable[[], T], policy: RetryPolicy) -> tuple[T | None, Exception | None, int]:
     """Call ``fn`` until it succeeds or fails for a non-transient reason or runs out of tries.
-    Returns (result, last exception, tries)."""
+    Returns (result, last exception, tries). A stop (StageStopped) is no failure of the call:
+    it is raised to the caller."""
     attempt = 1
     while True:
         try:
             return fn(), None, attempt
+        except StageStopped:
+            raise
         except Exception as exc:  # noqa: BLE001 - the caller records it
             kind, message = classify(exc)
             if kind != ErrorKind.TRANSIENT or attempt >= policy.attempts:

@@ -190,7 +190,7 @@ def test_deployed_runs_send_heartbeats_and_a_crashed_run_is_run_again_once(tmp_p
     from prefect.states import Crashed, Running
 
     from flows.deploy import deploy
-    from flows.liveness import NAME
+    from flows.liveness import NAME, TAG
 
     deployments = tmp_path / "d.yaml"
     _deployments(deployments, [], root=str(tmp_path / "c"))
@@ -202,8 +202,15 @@ def test_deployed_runs_send_heartbeats_and_a_crashed_run_is_run_again_once(tmp_p
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment(deployment_id)
         assert deployment.job_variables["env"] == {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
+        assert deployment.tags == [TAG]
         (silent,) = client.read_automations_by_name(NAME)
-        assert silent.trigger.within.total_seconds() == 75 and silent.trigger.posture == "Proactive"
+        # Silent for 75 s after a heartbeat, or after a tagged deployment's run went Running.
+        after_heartbeat, after_running = silent.trigger.triggers
+        assert silent.trigger.require == "any"
+        assert all(t.within.total_seconds() == 75 and t.posture == "Proactive" for t in silent.trigger.triggers)
+        assert after_heartbeat.after == {"prefect.flow-run.heartbeat"}
+        assert after_running.after == {"prefect.flow-run.Running"}
+        assert {"prefect.resource.id": f"prefect.tag.{TAG}"} in [m.model_dump() for m in after_running.match_related]
 
         def crash(name: str):
             run = client.create_flow_run_from_deployment(deployment_id, name=name,

@@ -1,7 +1,8 @@
 """A network outage in the middle of a real build (Prefect server, Dask worker processes, real
 yt-dlp against a site on 127.0.0.1 whose names stop resolving in every process): the build
-says the network is down, stops downloads with nothing failed and no errors rows, ends
-unhealthy, status says why; the rerun after the outage downloads every video."""
+says the network is down, stops downloads with nothing failed and no errors rows, says the stop
+once for the partitions in flight, ends unhealthy, status says why; the rerun after the outage
+downloads every video."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from conftest import require_binaries
 from flakyserver import flaky_server, tiny_mp4
 from resolverkit import shared
 from flows.build import run_build
+from flows.services import drain
 from pipeline.config import parse_config
-from pipeline.download.outage import network_down
+from pipeline.download.outage import STOPPED, network_down
 from pipeline.corpus.status import corpus_status, print_status
 from pipeline.corpus.status import network_down as status_network_down
 from pipeline.corpus.storage import Corpus
@@ -25,7 +27,16 @@ from pipeline.corpus.storage import Corpus
 pytestmark = pytest.mark.slow
 
 
-def test_an_outage_in_the_middle_of_a_build_loses_nothing(tmp_path, prefect_server, monkeypatch):
+def _server_logs() -> list[str]:
+    """Every log line the test's own server holds, once this process has sent its queue."""
+    from prefect.client.orchestration import get_client
+
+    drain()
+    with get_client(sync_client=True) as client:
+        return [entry.message for entry in client.read_logs()]
+
+
+def test_an_outage_in_the_middle_of_a_build_loses_nothing(tmp_path, prefect_server, monkeypatch, capfd):
     require_binaries("ffmpeg", "ffprobe")
     media = tiny_mp4(tmp_path / "tiny.mp4")
     root = str(tmp_path / "corpus")
@@ -50,6 +61,8 @@ def test_an_outage_in_the_middle_of_a_build_loses_nothing(tmp_path, prefect_serv
 
         threading.Thread(target=outage_after_some_videos, daemon=True).start()
         first = run_build(cfg, root=root, until="download")
+        # The workers' standard error (the build relays it to its own), and the flow's log.
+        said = capfd.readouterr().err.count(STOPPED) + sum(STOPPED in m for m in _server_logs())
         names.up()
         corpus = Corpus(root)
         left = status_network_down(corpus)
@@ -60,6 +73,8 @@ def test_an_outage_in_the_middle_of_a_build_loses_nothing(tmp_path, prefect_serv
     # A video whose retries ran out before the watch saw the outage keeps a transient row (the
     # next run's work); nothing is judged final.
     assert network_down(report["stopped"]) and report["left"] > 0
+    # Both partitions were in flight when the network went, and each stopped: one line for both.
+    assert said == 1
     assert set(report["errors"]) <= {"transient"}, report["errors"]
     assert not first["health"]["healthy"]
     assert "the network was down: download stopped" in first["health"]["message"]

@@ -548,11 +548,31 @@ def _alert_hook(stack: Stack) -> Iterator[Callable[..., str]]:
 CRASHED_AFTER_S = 60
 
 
+def _running_without_a_heartbeat(client, deployment: str) -> tuple[list, list]:
+    """Two runs set Running by hand that send no heartbeat, as a process that died between
+    entering Running and its first heartbeat: one of ``deployment`` (which vlcorpus deploy tagged
+    as sending heartbeats), and one of the same flow outside any deployment (a served one, or a
+    build against this server that sends none): (the two runs, the Running state each was given)."""
+    from prefect import flow
+    from prefect.states import Running
+
+    @flow(name="rebuild_corpus")
+    def elsewhere() -> None:
+        """A stand-in: only its name goes to the server."""
+
+    runs = [client.create_flow_run_from_deployment(client.read_deployment_by_name(deployment).id),
+            client.create_flow_run(elsewhere)]
+    states = [client.set_flow_run_state(run.id, Running(), force=True).state for run in runs]
+    return runs, states
+
+
 @pytest.mark.slow
 def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run_again(stack, tmp_path):
     """Worker and flow process SIGKILLed mid-build: the server marks the run Crashed within its
     liveness window (no later run needed), the alert posts it, and the deployment's rerun takes
-    the root's lock over from the dead build and completes the build, with no command typed."""
+    the root's lock over from the dead build and completes the build, with no command typed. A
+    deployment's run that never sent a heartbeat is Crashed within the same window; a run of the
+    flow from no deployment of vlcorpus deploy (which may send none) is left alone."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
 
     root = tmp_path / "crash"
@@ -561,7 +581,11 @@ def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run
         "liveness": {"heartbeat_s": 30, "crashed_after_s": CRASHED_AFTER_S},
         "deployments": [{"name": "nightly-crash", "entrypoint": "flows.build.rebuild_corpus",
                          "parameters": {"config": str(stack.config), "root": str(root)},
-                         "rerun_crashed_after_s": 5, "work_pool": {"name": "vlcorpus"}}]}))
+                         "rerun_crashed_after_s": 5, "work_pool": {"name": "vlcorpus"}},
+                        # No worker polls its pool: its run goes Running by hand, below.
+                        {"name": "silent-start", "entrypoint": "flows.build.rebuild_corpus",
+                         "parameters": {"config": str(stack.config), "root": str(tmp_path / "silent")},
+                         "work_pool": {"name": "no-worker"}}]}))
     deployed = stack.run(f"vlcorpus deploy --file {deployments}")
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     with _alert_hook(stack) as alert, _client() as client:
@@ -572,6 +596,8 @@ def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run
             assert time.monotonic() < deadline, stack.worker_log.read_text()[-4000:]
             time.sleep(0.5)
         time.sleep(2)  # the heartbeat the run sent as it started has reached the server
+        # Watched in the same minutes as the killed build's.
+        (silent, elsewhere), (went, _) = _running_without_a_heartbeat(client, "rebuild_corpus/silent-start")
         _kill_tree([stack.worker.pid, *_flow_processes(dead)])
         killed = time.monotonic()
         stack.worker = stack.start_worker()
@@ -599,13 +625,25 @@ def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run
         done_s = time.monotonic() - killed
         # The dead build's subflow runs sent heartbeats too: none is left Running.
         assert {run.state.type.value for run in _run_tree(client, dead)} == {"CRASHED"}
+        silent = _wait_final(silent.id, stack, seconds=30)
+        assert silent.state.type.value == "CRASHED", silent.state
+        assert f"sent no heartbeat for {CRASHED_AFTER_S} s" in silent.state.message, silent.state.message
+        silent_s = (silent.state.timestamp - went.timestamp).total_seconds()
+        assert silent_s < CRASHED_AFTER_S + 30, silent_s
+        assert "sent no heartbeat" in alert(f"vlcorpus: {silent.name} (silent-start) ended Crashed")
+        # Long past the window by now.
+        assert client.read_flow_run(elsewhere.id).state.type.value == "RUNNING"
+        for run in (silent, elsewhere):
+            client.delete_flow_run(run.id)
         client.delete_deployment(crashed.deployment_id)
+        client.delete_deployment(silent.deployment_id)
     _completed(done, stack)
     assert done.name == f"{crashed.name}-rerun" and done.parameters["rerun_of"] == crashed.name
     messages = _logs_with(done.id, lambda m: "taking over the lock of flow run" in m and "its process is gone" in m)
     assert any("taking over the lock of flow run" in m and "its process is gone" in m for m in messages), messages
     print(f"crash: Crashed {crashed_s:.0f} s after the SIGKILL, alerted after {alerted_s:.0f} s, "
-          f"its rerun completed after {done_s:.0f} s")
+          f"its rerun completed after {done_s:.0f} s; the run with no heartbeat Crashed {silent_s:.0f} s "
+          f"after it went Running")
     checked = stack.run(f"vlcorpus validate {root}")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert stack.scheduler_errors() == []

@@ -135,6 +135,14 @@ def test_bad_lists_and_schemes_become_errors(tmp_path, memory_root):
     assert ctx.corpus.read("errors").num_rows == len(errors)
 
 
+def test_sources_that_list_nothing_fix_a_given_partition_count_and_write_nothing(tmp_path, memory_root):
+    (tmp_path / "urls.txt").write_text("# none yet\n")
+    ctx = _ctx(memory_root, [{"type": "list", "path": str(tmp_path / "urls.txt")}], execution={"partitions": 2})
+    report = discover(ctx)
+    assert (report.found, report.added, report.partitions) == (0, 0, 2)
+    assert ctx.corpus.recorded_partitions() == 2 and ctx.corpus.read("videos").num_rows == 0
+
+
 def test_file_urls_allowed_when_enabled(tmp_path, memory_root):
     (tmp_path / "urls.txt").write_text("file:///data/v.mp4\n")
     ctx = _ctx(memory_root, [{"type": "list", "path": str(tmp_path / "urls.txt")}],

@@ -1,9 +1,9 @@
-"""Downloads when the network fails rather than a site: a resolver in the process (tests/
-resolverkit.py) that stops resolving any name in the middle of a run, or one name for good.
-An outage longer than max_outage_s stops the stage in one line with nothing failed and no
-errors rows, and the rerun downloads every video; a shorter one only pauses the run; a host
-that does not resolve is judged gone only from rows of several days apart, while other hosts
-resolved. Real yt-dlp, real HTTP on 127.0.0.1, the runner in-process."""
+"""Downloads, and discover's playlists, when the network fails rather than a site: a resolver in
+the process (tests/resolverkit.py) that stops resolving any name in the middle of a run, or one
+name for good. An outage longer than max_outage_s stops the stage in one line with nothing
+failed and no errors rows, and the rerun downloads (lists) every video; a shorter one only pauses
+the run; a host that does not resolve is judged gone only from rows of several days apart, while
+other hosts resolved. Real yt-dlp, real HTTP on 127.0.0.1, the runner in-process."""
 
 from __future__ import annotations
 
@@ -35,9 +35,15 @@ def media(tmp_path_factory) -> bytes:
 
 
 def _ctx(root, urls: list[str], retries: int = 0, **download_cfg):
+    ctx = _undiscovered(root, urls, "urls", retries, **download_cfg)
+    discover(ctx)
+    return ctx
+
+
+def _undiscovered(root, urls: list[str], source: str, retries: int = 0, **download_cfg):
     cfg = parse_config({
         "name": "network",
-        "sources": [{"type": "urls", "urls": urls}],
+        "sources": [{"type": source, "urls": urls}],
         "download": {
             # A watch of this test's own: the process-wide store outlives a test.
             "concurrency_limit": f"t-{uuid.uuid4().hex[:12]}",
@@ -46,9 +52,7 @@ def _ctx(root, urls: list[str], retries: int = 0, **download_cfg):
             "max_outage_s": 2, **download_cfg},
         "execution": {"batch_size": 8, "retries": retries, "retry_backoff_s": 0.05, "partitions": 1},
     })
-    ctx = context(Corpus(str(root)), cfg)
-    discover(ctx)
-    return ctx
+    return context(Corpus(str(root)), cfg)
 
 
 def _urls(base: str, host: str, stems: list[str]) -> list[str]:
@@ -101,6 +105,50 @@ def test_a_shorter_outage_only_pauses_the_run(media, tmp_path):
         report = run_stage(download.STAGE, ctx, 8)
     assert names.failed > 0 and report.figures["outages"] >= 1 and not report.stopped
     assert report.ok == 8 and report.errors == {} and ctx.corpus.read("errors").num_rows == 0
+
+
+def _playlists(base: str) -> list[str]:
+    """Eight playlists of three videos each, on two hosts in turn: an outage fails both."""
+    port = base.rsplit(":", 1)[1]
+    return [f"http://{host}.test:{port}/list/{host}{i}.html" for i in range(4) for host in "ab"]
+
+
+def test_an_outage_pauses_discover_and_every_playlist_is_listed_when_it_is_over(media, tmp_path):
+    with flaky_server(media, p429=0, pdrop=0) as (base, _), resolver() as names:
+        # Retries: a playlist that failed before the pause is listed again once it is over (its
+        # tries span 0.7 s here: the second playlist to fail takes the network as down by then).
+        ctx = _undiscovered(tmp_path, _playlists(base), "playlist", retries=3, max_outage_s=30,
+                            network_threshold=2)
+        names.outage(after=2, seconds=2)  # a lookup a playlist
+        started = time.time()
+        report = discover(ctx)
+    assert names.failed >= 3 and report.stopped is None
+    assert (report.queries, report.failed_queries, report.found, report.added) == (8, 0, 24, 24)
+    assert ctx.corpus.read("errors").num_rows == 0
+    # Paused by the watch that downloads pause by: the same store, the same outage.
+    assert outage.watch(ctx.config.download, outage.DOWNLOADS).paused(started, time.time())[0] >= 1
+
+
+def test_an_outage_past_max_outage_s_stops_discover_judging_no_playlist(media, tmp_path, caplog):
+    with flaky_server(media, p429=0, pdrop=0) as (base, _), resolver() as names:
+        ctx = _undiscovered(tmp_path, _playlists(base), "playlist", max_outage_s=1)
+        names.outage(after=2)
+        with caplog.at_level(logging.WARNING, logger="vlcorpus"):
+            first = discover(ctx)
+        names.up()
+        _wait_for_the_watch(ctx)
+        second = discover(ctx)
+    assert first.stopped.startswith("discover stopped: the network is down") and outage.network_down(first.stopped)
+    assert "The searches and playlists not listed are not failed" in first.stopped
+    assert sum(first.stopped in r.getMessage() for r in caplog.records) == 1
+    # Listed before the outage: kept; failed on the network before it counted as down: transient
+    # (every run lists every query); the rest not listed, with no row.
+    assert first.added == 3 * (8 - first.left - first.failed_queries) and first.left > 0
+    assert set(ctx.corpus.read("errors").column("kind").to_pylist()) <= {"transient"}
+    health = assess(HealthConfig(min_found_videos=0), {"stages": {"discover": asdict(first)}})
+    assert f"the network was down: discover stopped with {first.left} items left to do for the next run" \
+        in health.problems
+    assert second.stopped is None and second.failed_queries == 0 and len(ctx.corpus.done("videos")) == 24
 
 
 def _evidence(ctx, video: str, host: str, *days_ago: int) -> None:

@@ -8,7 +8,7 @@ import pytest
 from pipeline.download.breaker import Policy
 from pipeline.errors import NetworkError, PermanentError
 from pipeline.download.limits import PROCESS
-from pipeline.download.outage import NetworkDown, Watch, failed, fresh, network_down, reached
+from pipeline.download.outage import DOWNLOADS, NetworkDown, Watch, failed, fresh, network_down, reached
 
 POLICY = Policy(threshold=3, window_s=60, cooldown_s=10, cooldown_max_s=35, max_block_s=100)
 
@@ -59,7 +59,7 @@ class _Clock:
 
 def test_the_watch_waits_out_an_outage_then_stops_past_max_outage_s(request):
     clock = _Clock()
-    watch = Watch(PROCESS.store(request.node.name), POLICY, clock=lambda: clock.now, sleep=clock.sleep)
+    watch = Watch(PROCESS.store(request.node.name), POLICY, DOWNLOADS, clock=lambda: clock.now, sleep=clock.sleep)
     lookup = NetworkError("Failed to resolve 'x' ([Errno -3] Temporary failure in name resolution)")
     for video, host in [("a", "x"), ("b", "y")]:  # the video's failure, while the network may be up
         with pytest.raises(NetworkError), watch.attempt(video, host, clock.now):
