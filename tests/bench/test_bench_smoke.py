@@ -19,28 +19,29 @@ from conftest import ROOT, require_binaries
 
 BENCH = ROOT / "bench"
 
-# script -> (arguments of a tiny run, text its output must hold)
+# script -> (arguments of a tiny run, text its output must hold); SLOW: a build, a training, or
+# more than a few CPU-seconds of work
 QUICK = {
     "asr": (["--repeats", "1", "--sentences", "1"], "beam 1"),
     "cut": (["--seconds", "10", "--clips", "2", "--repeats", "1"], "exact  one process per clip"),
+    "frames": (["--seconds", "20", "--clips", "5", "--repeats", "1"], "decoded frames/s (a)/(d)"),
+    "scale": (["--clips", "2000"], '"plan_s"'),
+    "shards": (["--clips", "100"], "parquet:    ours"),
+}
+SLOW = {
+    "bounded_disk": (["--videos", "2", "--seconds", "6", "--partitions", "2", "--inflight", "1",
+                      "--rate", "50"], '"failed": []'),
+    "build": (["--sizes", "2", "--demo-videos", "2"], "flow peak RSS MB"),
     "download": (["--pages", "2", "--videos", "1"], "vs c=1"),
     "featurize": (["--videos", "2", "--seconds", "4", "--extractors", "resnet34", "--batch", "4",
                    "--size", "320x240", "--crop", "64", "--sweep", "1"], "(f) whole stage, decode cpu"),
-    "frames": (["--seconds", "20", "--clips", "5", "--repeats", "1"], "decoded frames/s (a)/(d)"),
     "noisy_pairs": (["--quick", "--seeds", "1", "--rates", "0.3", "--epochs", "1", "--models", "NCE"],
                     "1 trainings in"),
-    "scale": (["--clips", "2000"], '"plan_s"'),
     "score_noisy": (["--quick", "--seeds", "1", "--epochs", "1", "--rates", "0.3", "--noise", "swap"],
                     "clean pairs only"),
-    "shards": (["--clips", "100"], "parquet:    ours"),
     "summaries": (["--partitions", "2", "--skip-cold"], '"warm"'),
     "train_memory": (["--clips", "600", "--partitions", "2", "--batch-size", "32", "--held-out", "20"],
                      '"peak_rss_mb"'),
-}
-SLOW = {
-    "build": (["--sizes", "2", "--demo-videos", "2"], "flow peak RSS MB"),
-    "bounded_disk": (["--videos", "2", "--seconds", "6", "--partitions", "2", "--inflight", "1",
-                      "--rate", "50"], '"failed": []'),
 }
 BY_FUNCTIONS = {"rehearsal", "vs_video2dataset"}  # the last two tests below
 LIBRARY = {"benchkit"}  # shared helpers, run by the scripts above

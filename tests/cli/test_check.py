@@ -25,6 +25,7 @@ def models(tmp_path_factory) -> Models:
     return put_models(tmp_path_factory.mktemp("models"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", list(STYLES))
 def test_every_starter_passes_once_what_it_names_is_there(tmp_path, models, style):
     config = starter(style, tmp_path / "configs")
@@ -45,6 +46,7 @@ def test_every_starter_passes_once_what_it_names_is_there(tmp_path, models, styl
     assert (listing(tmp_path), listing(models.hf_home), listing(models.torch_home)) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offline", [False, True], ids=["hub unreachable", "VLCORPUS_OFFLINE"])
 def test_a_starter_as_written_says_what_is_missing_without_the_network(tmp_path, models, offline):
     """Empty caches and a Hub that cannot be reached (or downloads off): one line per missing
@@ -71,6 +73,7 @@ def test_a_starter_as_written_says_what_is_missing_without_the_network(tmp_path,
     assert not (tmp_path / "corpora").exists() and not empty.exists()
 
 
+@pytest.mark.slow
 def test_a_model_a_build_would_download_is_a_warning_and_nothing_is_downloaded(tmp_path, models):
     """With the hubs reachable, models missing from the caches do not stop a build (it downloads
     them on first use): `check` says so, asks each hub whether it has them, and fetches nothing."""
@@ -149,6 +152,7 @@ def test_a_root_that_cannot_be_created_is_one_line(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "taken"]
 
 
+@pytest.mark.slow
 def test_a_config_error_is_the_builds(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text(f"name: bad\nroot: r\n{SUBTITLES_ONLY}download:\n  formt: best\n")

@@ -113,6 +113,7 @@ def test_stats_json_counts_tables_and_errors(tmp_path):
     assert summary["errors"] == {"download": {"bad_input": 1}}
 
 
+@pytest.mark.slow
 def test_train_and_eval_commands(tmp_path):
     root = tmp_path / "root"
     trainkit.synthetic_features(Corpus(str(root)))
@@ -183,6 +184,7 @@ def test_build_output_names_no_shard_folder_an_empty_build_never_wrote_and_ends_
                          "11.2 s of work")
 
 
+@pytest.mark.slow
 def test_a_dead_source_fails_the_build_and_config_paths_are_read_beside_the_config(tmp_path):
     """Run from another folder: the config's relative root and list are beside the config. A
     list that is not there yet: the build commits its errors row, says why it is unhealthy,

@@ -84,6 +84,7 @@ def _config(path: Path, root: Path, extra: str) -> Path:
     ("gcp", "transcribe:\n  prefer: [asr]\n  asr: {backend: google}\n",
      "the google ASR backend needs the google.cloud.speech package"),
 ])
+@pytest.mark.slow
 def test_a_build_missing_an_extra_is_one_line_before_any_work(tmp_path, core_only, extra, section, what):
     root = tmp_path / "root"
     result = _vlcorpus(core_only, "build", str(_config(tmp_path / "c.yaml", root, section)), "--quiet")

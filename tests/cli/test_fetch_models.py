@@ -40,6 +40,7 @@ def fetch_models(config: Path, env: dict[str, str], pins: dict[str, str]) -> sub
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_fetch_models_fetches_what_a_config_needs(tmp_path):
     from speech import tiny_model_path
 

@@ -139,6 +139,7 @@ def test_process_store_reads_back_what_was_written():
     _check_store(_written_and_read(PROCESS.store("types")), _trips(PROCESS.store("trips"), 4))
 
 
+@pytest.mark.slow
 def test_prefect_store_reads_back_what_was_written(prefect_server):
     from flows.shared import PrefectStore
 

@@ -72,6 +72,7 @@ def _lines(result: subprocess.CompletedProcess) -> list[str]:
     return [line.removeprefix("vlcorpus deploy: ") for line in result.stderr.strip().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_shipped_deployments_are_refused_until_they_have_a_root_and_their_lists(tmp_path):
     lines = _lines(_deploy(env={"VLCORPUS_ROOT": ""}))
     for name, config in [("apartment-tour-weekly", "apartment_tour"), ("spoken-moments-weekly", "spoken_moments"),

@@ -69,6 +69,7 @@ def _commands(node) -> list[list[str]]:
 
 @pytest.mark.parametrize("path", ["docker-compose.yaml", "k8s/prefect-worker.yaml",
                                   "k8s/dask-values.yaml"])
+@pytest.mark.slow
 def test_container_commands_exist(path):
     commands = [c for doc in _yaml(INFRA / path) for c in _commands(doc)]
     assert commands

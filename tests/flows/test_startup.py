@@ -20,6 +20,8 @@ import pytest
 
 from conftest import ROOT, require_binaries
 
+pytestmark = pytest.mark.slow  # every test here starts real builds
+
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):

@@ -155,6 +155,7 @@ def test_english_only_model_rejects_other_languages():
         get_backend(AsrConfig(model=tiny_model_path(), device="cpu", language="de"))
 
 
+@pytest.mark.slow
 def test_a_model_name_is_downloaded_on_first_use_into_the_hugging_face_cache(tmp_path):
     """A named model missing from the cache is refused at once where the Hub cannot be reached
     (asking faster-whisper to find that out cost 19 s of connection retries) or downloads are

@@ -79,6 +79,7 @@ VISUAL_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,lengths,shape,fields", VISUAL_CASES, ids=[c[0] for c in VISUAL_CASES])
 def test_visual_extractor_shapes_and_determinism(name, lengths, shape, fields) -> None:
     first = _build(name, weights="none", **fields)
@@ -328,6 +329,7 @@ for name in sys.argv[1:]:
 """
 
 
+@pytest.mark.slow
 def test_a_text_model_id_is_looked_up_in_the_cache_without_the_network(tmp_path, minilm) -> None:
     """transformers asks the Hub for its request headers even for a cache-only load: a model id
     is found on disk first, so a cached one needs no network; a missing one is probed for once,

@@ -99,6 +99,7 @@ class Stderr:
         return any(text in line for line in self.lines)
 
 
+@pytest.mark.slow
 def test_a_text_model_is_downloaded_on_first_use_once_per_machine(tmp_path, minilm):
     """Two processes need the model at once: one downloads it (its files each sent once), the
     other waits on the lock meanwhile and then loads it from the cache; a third process later
@@ -141,6 +142,7 @@ def test_a_text_model_is_downloaded_on_first_use_once_per_machine(tmp_path, mini
      "VLCORPUS_OFFLINE=1 turns model downloads off"),
     ({}, ["text:org/minilm", "resnet34", "s3d_howto100m"], "features.download_weights is false"),
 ], ids=["HF_HUB_OFFLINE", "VLCORPUS_OFFLINE", "features.download_weights"])
+@pytest.mark.slow
 def test_an_offline_switch_is_a_refusal_at_once_without_a_connection(tmp_path, minilm, switch, names, says):
     with stand_in_hub({"org/minilm": minilm}) as hub:
         env = hub_env(tmp_path / "hf", hub, TORCH_HOME=str(tmp_path / "torch"), **switch)
@@ -151,6 +153,7 @@ def test_an_offline_switch_is_a_refusal_at_once_without_a_connection(tmp_path, m
     assert "`vlcorpus fetch-models CONFIG` fetches every model a config needs" in found[0]["error"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("silent", [False, True], ids=["drops connections", "never answers"])
 def test_an_unreachable_hub_is_a_refusal_within_two_seconds(tmp_path, silent):
     with unreachable_hub(silent) as hub:

@@ -14,6 +14,8 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from conftest import moto_s3
 
 import stagekit
@@ -115,6 +117,7 @@ def test_a_kill_between_a_batch_and_its_partitions_summary_leaves_no_wrong_figur
     assert (status, summary) == _from_tables(corpus)
 
 
+@pytest.mark.slow
 def test_an_s3_roots_summaries_match_its_listing(tmp_path):
     with moto_s3() as endpoint:
         import s3fs

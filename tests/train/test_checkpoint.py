@@ -58,6 +58,7 @@ def _plant(path: Path, marker: Path) -> None:
     torch.save({**state, "config": _Payload(marker)}, path)
 
 
+@pytest.mark.slow
 def test_a_planted_checkpoint_is_refused_and_runs_nothing(trained, tmp_path):
     root, config = trained
     checkpoints = root / "train" / "nce" / "checkpoints"
