@@ -129,10 +129,12 @@ def _from_repo(path: Path) -> Path:
 
 
 def main() -> None:
-    made = make_env_file()
-    print(f"{_from_repo(ENV_FILE)}: {'made (mode 0600)' if made else 'kept: it exists (delete it to make new secrets)'}")
-    made = make_tls()
-    print(f"{_from_repo(TLS_DIR)}/: {'made: ' + ', '.join(sorted(p.name for p in TLS_DIR.iterdir())) if made else 'kept: it exists (delete it to make new certificates)'}")
+    """Make what is missing and say, in a line each, what was made and what kept (no value)."""
+    env = "made (mode 0600)" if make_env_file() else "kept: it exists (delete it to make new secrets)"
+    print(f"{_from_repo(ENV_FILE)}: {env}")
+    tls = "made: " + ", ".join(sorted(p.name for p in TLS_DIR.iterdir())) if make_tls() \
+        else "kept: it exists (delete it to make new certificates)"
+    print(f"{_from_repo(TLS_DIR)}/: {tls}")
 
 
 if __name__ == "__main__":
