@@ -17,7 +17,7 @@ PY312 ?= $(firstword $(shell for p in $$(command -v python3.12) $(HOME)/.pyenv/v
 VENV312 := .venv-py312
 TORCH_FREE_TESTS := tests/stages tests/storage
 
-.PHONY: demo test test-gpu test-py312 lock lock-upgrade lock-check docs reference system venv schema clean
+.PHONY: secrets demo test test-gpu test-py312 lock lock-upgrade lock-check docs reference system venv schema clean
 
 # Debian packages, only when a binary is missing (needs root or sudo); chromium checks the
 # HTML report in the tests, PostgreSQL is the Prefect server's database in the production
@@ -33,6 +33,11 @@ system:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+# The cluster's secrets, once: infra/.env (the PostgreSQL password, the Prefect server's auth
+# string) and infra/tls/ (Dask's certificates); what exists is kept. No virtualenv needed.
+secrets:
+	python3 infra/make_secrets.py
 
 $(STAMP): pyproject.toml $(PINS)
 	test -x $(PY) || python3 -m venv $(VENV)

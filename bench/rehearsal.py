@@ -140,15 +140,15 @@ def flow_runs(env: dict[str, str]) -> list:
 
 
 class _api:
-    """PREFECT_API_URL of the stack for this process's Prefect client."""
+    """The stack's PREFECT_API_URL and auth string for this process's Prefect client."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.url = env["PREFECT_API_URL"]
+        self.url, self.auth = env["PREFECT_API_URL"], env["PREFECT_API_AUTH_STRING"]
 
     def __enter__(self) -> None:
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-        self.settings = temporary_settings({PREFECT_API_URL: self.url})
+        self.settings = temporary_settings({PREFECT_API_URL: self.url, PREFECT_API_AUTH_STRING: self.auth})
         self.settings.__enter__()
 
     def __exit__(self, *exc: object) -> None:

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from prefect import Flow
 
 from flows import build, liveness
+from flows.api_access import refusal
 from flows.rerun import rerun_trigger
 from flows.schedules import ScheduleError, read_schedule
 
@@ -93,18 +94,23 @@ _START_ONE = ("start one with `prefect server start` and export PREFECT_API_URL=
 
 
 def check_server() -> str:
-    """The API deployments go to: PREFECT_API_URL, answering. Without it Prefect would register
-    them on a temporary server that stops with this command, and they would be gone."""
+    """The API deployments go to: PREFECT_API_URL, answering and taking this process's
+    credentials. Without it Prefect would register them on a temporary server that stops with
+    this command, and they would be gone."""
     url = PREFECT_API_URL.value()
     if not url:
         raise DeployError(f"no Prefect server to register the deployments on: PREFECT_API_URL is not set; {_START_ONE}")
     try:
         with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=10) as response:
-            if response.status == 200:
-                return url
+            healthy = response.status == 200
     except OSError as exc:
         raise DeployError(f"no Prefect server answers at PREFECT_API_URL={url} ({exc}); {_START_ONE}") from None
-    raise DeployError(f"the Prefect server at PREFECT_API_URL={url} is not healthy; {_START_ONE}")
+    if not healthy:
+        raise DeployError(f"the Prefect server at PREFECT_API_URL={url} is not healthy; {_START_ONE}")
+    refused = refusal(url)
+    if refused:
+        raise DeployError(refused)
+    return url
 
 
 def _liveness(spec: dict[str, Any], file: Path) -> liveness.Liveness:

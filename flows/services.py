@@ -18,15 +18,22 @@ from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
+from flows.api_access import refusal
 from flows.fork_server import WORKER_START, cluster_address, local_workers
 from flows.temporary_server import TemporaryServer
 from pipeline.config import Config
+from pipeline.errors import SetupError
 from pipeline.media.decode_pool import DECODE_WORKERS_ENV
 from pipeline.compose.stages import gpu_stages
 
 # Worker processes import the flows when they start (from the fork server, which has), not
 # when the first task arrives.
 PRELOAD = [WORKER_START]
+# Where a local cluster serves its HTTP pages (health, metrics, the scheduler's view of its
+# workers' logs): this machine's loopback, on any free port. Its scheduler and workers listen
+# there too (LocalCluster's default host), except with threads, whose inproc transport names no
+# host: their HTTP servers then took every interface.
+PAGES = "127.0.0.1:0"
 
 
 def start_server(port: int | None = None) -> TemporaryServer:
@@ -52,10 +59,14 @@ _servers: list[TemporaryServer] = []
 def prefect_server(early: TemporaryServer | None = None) -> Iterator[Callable[[], None]]:
     """Prefect's temporary server when no API is configured, starting (``early``, one the
     caller started before it could import Prefect, or a new one); yields a function that waits
-    until it is up (call it before the first API call)."""
+    until it is up (call it before the first API call). A configured server that refuses this
+    process's credentials is refused in one line (SetupError)."""
     if _servers or PREFECT_API_URL.value():
         if early is not None:
             early.stop()
+        refused = None if _servers else refusal(PREFECT_API_URL.value())
+        if refused:
+            raise SetupError(refused)
         yield _servers[-1].wait if _servers else lambda: None
         return
     server = early or TemporaryServer()
@@ -120,12 +131,31 @@ def build_services(cfg: Config, root: str, dask_address: str | None = None) -> I
             cluster = stack.enter_context(LocalCluster(
                 n_workers=cfg.execution.n_workers or 2,
                 threads_per_worker=cfg.execution.threads_per_worker, processes=processes,
-                dashboard_address=None, **workers))
+                dashboard_address=None, scheduler_kwargs={"dashboard_address": PAGES},
+                worker_dashboard_address=PAGES, **local_security(stack), **workers))
             if processes:
                 add_gpu_workers(cluster, gpu_workers(cfg))
             address = cluster.scheduler_address
         server_up()
         yield address
+
+
+def local_security(stack: ExitStack) -> dict[str, Any]:
+    """A local cluster's TLS: none, unless this machine's Dask config requires encryption (a
+    host that is a TLS cluster's client: infra/tls/client.env). Then the cluster gets
+    certificates of its own, in memory (the config's are the other cluster's, and a client's
+    alone), and this process's clients show them while ``stack`` is open."""
+    import dask
+    from distributed.security import Security
+
+    if not Security().require_encryption:
+        return {}
+    security = Security.temporary()
+    stack.enter_context(dask.config.set({
+        "distributed.comm.tls.ca-file": security.tls_ca_file,
+        "distributed.comm.tls.client.cert": security.tls_client_cert,
+        "distributed.comm.tls.client.key": security.tls_client_key}))
+    return {"security": security}
 
 
 def gpu_workers(cfg: Config) -> int:

@@ -2,18 +2,22 @@
 infra/README.md starts it on real machines, with the same commands and configs:
 
 - PostgreSQL (Debian's ``postgresql``) as the Prefect server's database;
-- ``prefect server start`` on it, and ``prefect worker start --pool vlcorpus --type process``;
-- ``dask scheduler`` and three ``dask worker`` processes, one with ``--resources GPU=1``;
+- ``prefect server start`` on it, requiring an API auth string of the stack's own, and
+  ``prefect worker start --pool vlcorpus --type process``;
+- ``dask scheduler`` and three ``dask worker`` processes, one with ``--resources GPU=1``, over
+  TLS only, with certificates of the stack's own (``DIR/tls``, made as ``make secrets`` makes
+  infra/tls/);
 - an S3-compatible object store over HTTP (``moto_server``) behind ``infra/s3_faults.py``, a
   proxy that counts requests and bytes at the store and fails the ones it is told to fail.
 
     python infra/stack.py up [--dir .stack]   # start all; prints the environment to use it
-    eval "$(python infra/stack.py env)"       # PREFECT_API_URL, AWS_*, VLCORPUS_DASK_ADDRESS
+    eval "$(python infra/stack.py env)"       # PREFECT_API_*, AWS_*, VLCORPUS_DASK_ADDRESS, DASK_*
     python infra/stack.py restart postgres    # or prefect-worker, dask-worker-cpu-1, ...
     python infra/stack.py down                # stop all of it
 
-Each part runs in a session of its own (it outlives this script); ``DIR/stack.json`` records
-them and ``DIR/logs/`` keeps their output.
+Each part runs in a session of its own (it outlives this script); ``DIR/stack.json`` (mode
+0600: it holds the auth string) records them and ``DIR/logs/`` keeps their output. Every part
+listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import glob
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -33,6 +38,8 @@ import urllib.request
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from make_secrets import DASK, dask_env, make_tls
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -87,6 +94,7 @@ class Stack:
     pids: dict[str, int] = field(default_factory=dict)  # part -> pid of its session leader
     commands: dict[str, list[str]] = field(default_factory=dict)
     pgdata: str = ""
+    auth: str = ""  # the Prefect server's API auth string
 
     # ---------------------------------------------------------------- where things are
 
@@ -102,7 +110,13 @@ class Stack:
         return cls(**json.loads(path.read_text()))
 
     def save(self) -> None:
-        self.state.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        with os.fdopen(os.open(self.state, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+            out.write(json.dumps(asdict(self), indent=1) + "\n")
+
+    @property
+    def tls(self) -> Path:
+        """The Dask cluster's certificates."""
+        return Path(self.dir) / "tls"
 
     @property
     def database_url(self) -> str:
@@ -114,7 +128,7 @@ class Stack:
 
     @property
     def scheduler(self) -> str:
-        return f"tcp://127.0.0.1:{self.ports['dask-scheduler']}"
+        return f"tls://127.0.0.1:{self.ports['dask-scheduler']}"
 
     @property
     def store_url(self) -> str:
@@ -124,8 +138,9 @@ class Stack:
     def env(self) -> dict[str, str]:
         """What a client of the stack sets: the same variables as on real machines."""
         return {
-            "PREFECT_API_URL": self.api_url,
-            "VLCORPUS_DASK_ADDRESS": self.scheduler, "VLCORPUS_ROOT": self.root("corpora"),
+            "PREFECT_API_URL": self.api_url, "PREFECT_API_AUTH_STRING": self.auth,
+            "VLCORPUS_DASK_ADDRESS": self.scheduler, **dask_env("client", self.tls),
+            "VLCORPUS_ROOT": self.root("corpora"),
             "AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET,
             "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.store_url,
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -136,11 +151,11 @@ class Stack:
 
     # ---------------------------------------------------------------- parts
 
-    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+    def _spawn(self, name: str, cmd: list[str]) -> None:
         logs = Path(self.dir) / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **self.env(), **(env or {})},
+            proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **self.env(), **self._part_env(name)},
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
         self.pids[name], self.commands[name] = proc.pid, cmd
@@ -176,12 +191,20 @@ class Stack:
 
     def start_prefect_server(self) -> None:
         self._spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                       "--port", str(self.ports["prefect-server"]), "--no-ui"],
-                    self._server_env())
+                                       "--port", str(self.ports["prefect-server"]), "--no-ui"])
         _wait("the Prefect server", lambda: _answers(f"{self.api_url}/health"), timeout_s=180)
 
+    def _part_env(self, name: str) -> dict[str, str]:
+        """What a part sets beyond a client's environment: the server's, a Dask role's TLS."""
+        if name == "prefect-server":
+            return self._server_env()
+        if name == "dask-scheduler":
+            return dask_env("scheduler", self.tls)
+        return dask_env("worker", self.tls) if name.startswith("dask-worker") else {}
+
     def _server_env(self) -> dict[str, str]:
-        return {"PREFECT_API_DATABASE_CONNECTION_URL": self.database_url,
+        return {"PREFECT_SERVER_API_AUTH_STRING": self.auth,
+                "PREFECT_API_DATABASE_CONNECTION_URL": self.database_url,
                 "PREFECT_HOME": str(Path(self.dir) / "prefect"), "PREFECT_API_URL": "",
                 # As infra/README.md sets it: runs that ended over 30 days ago are deleted.
                 "PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": "events,flow_runs",
@@ -192,22 +215,32 @@ class Stack:
                                        "--type", "process"])
 
     def start_dask(self) -> None:
-        self._spawn("dask-scheduler", [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1",
-                                       "--port", str(self.ports["dask-scheduler"]), "--no-dashboard"])
+        make_tls(self.tls, shown_as=self.tls)
+        # Its HTTP pages (worker logs among them), and a worker's (health, metrics), on 127.0.0.1
+        # too: --host does not move them.
+        self._spawn("dask-scheduler", [str(BIN / "dask"), "scheduler", "--protocol", "tls", "--host", "127.0.0.1",
+                                       "--port", str(self.ports["dask-scheduler"]), "--no-dashboard",
+                                       "--dashboard-address", "127.0.0.1:0"])
         for name, extra in DASK_WORKERS:
             self.start_dask_worker(name, extra)
         from distributed import Client
+        from distributed.security import Security
 
-        with Client(self.scheduler, timeout=120) as client:
+        client_tls = dask_env("client", self.tls)
+        security = Security(require_encryption=True, tls_ca_file=client_tls[f"{DASK}TLS__CA_FILE"],
+                            tls_client_cert=client_tls[f"{DASK}TLS__CLIENT__CERT"],
+                            tls_client_key=client_tls[f"{DASK}TLS__CLIENT__KEY"])
+        with Client(self.scheduler, security=security, timeout=120) as client:
             client.wait_for_workers(len(DASK_WORKERS), timeout=120)
 
     def start_dask_worker(self, name: str, extra: list[str] | None = None) -> None:
         extra = extra if extra is not None else dict(DASK_WORKERS)[name]
         self._spawn(name, [str(BIN / "dask"), "worker", self.scheduler, "--name", name, "--nthreads", "1",
-                           "--host", "127.0.0.1", "--no-dashboard", *extra])
+                           "--host", "127.0.0.1", "--no-dashboard", "--dashboard-address", "127.0.0.1:0", *extra])
 
     def up(self) -> None:
         Path(self.dir).mkdir(parents=True, exist_ok=True)
+        self.auth = secrets.token_urlsafe(32)
         # Every address first: each part's environment names the others.
         self.ports = {name: free_port() for name in ("postgres", "s3", "s3-proxy", "prefect-server",
                                                       "dask-scheduler")}
@@ -237,7 +270,7 @@ class Stack:
             return
         cmd = self.commands[name]
         self.stop(name)
-        self._spawn(name, cmd, self._server_env() if name == "prefect-server" else None)
+        self._spawn(name, cmd)
 
     def down(self) -> None:
         # Every part at once, so that their graceful stops (a Prefect worker waits for its flow

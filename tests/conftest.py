@@ -78,14 +78,40 @@ def moto_s3() -> Iterator[str]:
         server.stop()
 
 
+def tls_env(role: str) -> dict[str, str]:
+    """What infra/tls/ROLE.env (`make secrets`) sets for a Dask process of ``role``, its paths
+    made absolute (the file gives them from the repository's root)."""
+    lines = (ROOT / "infra" / "tls" / f"{role}.env").read_text().splitlines()
+    pairs = (line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    return {key: str(ROOT / value) if value.startswith("infra/") else value for key, value in pairs}
+
+
+def tls_client() -> object:
+    """The Security of a Dask client with the certificate of infra/tls/ (`make secrets`)."""
+    from distributed.security import Security
+
+    env = tls_env("client")
+    return Security(require_encryption=True, **{
+        option: env[f"DASK_DISTRIBUTED__COMM__TLS__{name}"] for option, name in
+        [("tls_ca_file", "CA_FILE"), ("tls_client_cert", "CLIENT__CERT"), ("tls_client_key", "CLIENT__KEY")]})
+
+
 @contextmanager
-def dask_cluster(tmp_path: Path, workers: list[tuple[str, list[str]]]) -> Iterator[tuple[str, dict]]:
-    """A real Dask cluster on 127.0.0.1: `dask scheduler` and one `dask worker` process group
-    (nanny and worker, 1 thread) per (name, extra args); yields (address, {name: Popen})."""
+def dask_cluster(tmp_path: Path, workers: list[tuple[str, list[str]]],
+                 tls: bool = False) -> Iterator[tuple[str, dict]]:
+    """A real Dask cluster on 127.0.0.1 (its HTTP pages too): `dask scheduler` and one `dask
+    worker` process group (nanny and worker, 1 thread) per (name, extra args); yields (address,
+    {name: Popen}). With ``tls``, TLS only, each process with its role's settings of infra/tls/
+    (`make secrets` made them): a client needs ``tls_client()``."""
     dask = str(Path(sys.executable).parent / "dask")
     scheduler_file = tmp_path / "scheduler.json"
-    procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0",
-                               "--scheduler-file", str(scheduler_file), "--no-dashboard"])]
+    loopback = ["--host", "127.0.0.1", "--no-dashboard", "--dashboard-address", "127.0.0.1:0"]
+
+    def env(role: str) -> dict[str, str]:
+        return {**os.environ, **(tls_env(role) if tls else {})}
+
+    procs = [subprocess.Popen([dask, "scheduler", *(["--protocol", "tls"] if tls else []), *loopback,
+                               "--port", "0", "--scheduler-file", str(scheduler_file)], env=env("scheduler"))]
     named = {}
     try:
         deadline = time.monotonic() + 60
@@ -94,13 +120,13 @@ def dask_cluster(tmp_path: Path, workers: list[tuple[str, list[str]]]) -> Iterat
         for name, extra in workers:
             named[name] = subprocess.Popen(
                 [dask, "worker", "--scheduler-file", str(scheduler_file), "--name", name,
-                 "--nthreads", "1", "--nworkers", "1", "--host", "127.0.0.1", "--no-dashboard",
-                 *extra], start_new_session=True)
+                 "--nthreads", "1", "--nworkers", "1", *loopback, *extra],
+                env=env("worker"), start_new_session=True)
             procs.append(named[name])
         address = json.loads(scheduler_file.read_text())["address"]
         from distributed import Client
 
-        with Client(address, timeout=60) as client:
+        with Client(address, timeout=60, security=tls_client() if tls else None) as client:
             client.wait_for_workers(len(workers), timeout=60)
         yield address, named
     finally:

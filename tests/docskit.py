@@ -35,3 +35,14 @@ def commands(block: Block) -> list[str]:
     """The commands of a shell block: one a line, comments and blank lines left out."""
     return [line.split(" #", 1)[0].strip() for line in block.text.splitlines()
             if line.strip() and not line.lstrip().startswith("#")]
+
+
+def shell(lines: list[str], env: dict[str, str]) -> dict[str, str]:
+    """Run commands of a page, as typed, one after the other in one shell at the repository's
+    root (a `make secrets`, a `set -a && . FILE && set +a`); the environment they leave."""
+    import subprocess
+
+    done = subprocess.run(["bash", "-c", " && ".join([*lines, "env -0"])], cwd=ROOT, env=env,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return dict(item.split("=", 1) for item in done.stdout.decode().split("\0") if "=" in item)

@@ -164,7 +164,7 @@ def test_scheduled_runs_missed_while_the_worker_was_down_collapse_to_the_newest(
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     env = stack.env()
     (tmp_path / "urls.txt").write_text("http://127.0.0.1:9/a.mp4\n")
@@ -183,7 +183,8 @@ def test_scheduled_runs_missed_while_the_worker_was_down_collapse_to_the_newest(
     _stack("kill", "prefect-worker", "--dir", stack.dir)
     deployed = _run([str(BIN / "vlcorpus"), "deploy", "--file", str(deployments)], env)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+    with temporary_settings({PREFECT_API_URL: stack.api_url, PREFECT_API_AUTH_STRING: stack.auth}), \
+            get_client(sync_client=True) as client:
         (deployment,) = [d for d in client.read_deployments() if d.name == "missed"]
         # What the server's scheduler does within its minute: create the schedule's runs.
         client.request("POST", "/deployments/{id}/schedule", path_params={"id": deployment.id}, json={})

@@ -33,11 +33,14 @@ import pytest
 import yaml
 
 from conftest import ROOT, dask_cluster, spare_port
+from docskit import shell
 
 BIN = Path(sys.executable).parent
 README = ROOT / "infra" / "README.md"
 # infra/README.md's "On one machine" block, command by command.
 ONE_MACHINE = [
+    "make secrets",
+    "set -a && . infra/.env && set +a",
     "prefect config set PREFECT_SERVER_ANALYTICS_ENABLED=false",
     "prefect config set PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED=events,flow_runs "
     "PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD=2592000",
@@ -48,8 +51,10 @@ ONE_MACHINE = [
     "prefect deployment run rebuild_corpus/rebuild -p config=configs/my.yaml",
     "prefect flow-run ls",
 ]
+# Its "On a Dask cluster" block: where builds start, the client's TLS settings; a run there.
+CLIENT_TLS = "set -a && . infra/tls/client.env && set +a"
 ON_A_CLUSTER = ("prefect deployment run rebuild_corpus/rebuild -p config=configs/my.yaml "
-                "-p dask_address=tcp://HOST:8786")
+                "-p dask_address=tls://HOST:8786")
 # infra/README.md's alert, as typed there.
 ALERTS = "python infra/alerts.py --webhook https://hooks.slack.com/services/T000/B000/XXXX"
 LISTINGS = ["prefect deployment ls", "prefect work-pool ls", "prefect automation ls", "prefect flow-run ls",
@@ -71,7 +76,7 @@ def _sh_blocks(text: str) -> list[list[str]]:
 def test_readme_shows_the_commands_these_tests_run():
     blocks = _sh_blocks(README.read_text())
     assert blocks[0] == ONE_MACHINE
-    assert any(ON_A_CLUSTER in block for block in blocks)
+    assert any(block[-2:] == [CLIENT_TLS, ON_A_CLUSTER] for block in blocks)
     assert any(ALERTS in block for block in blocks)
 
 
@@ -115,7 +120,7 @@ class Stack:
     def trigger(self, *parameters: str) -> UUID:
         """`prefect deployment run rebuild_corpus/rebuild -p config=...` plus ``parameters``;
         the flow run's id."""
-        command = shlex.split(ONE_MACHINE[6].replace("configs/my.yaml", str(self.config)))
+        command = shlex.split(ONE_MACHINE[8].replace("configs/my.yaml", str(self.config)))
         for parameter in parameters:
             command += ["-p", parameter]
         result = self.run(command)
@@ -178,8 +183,12 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
         return proc
 
     try:
+        # The secrets, made once in the repository (git ignores them) and taken into this
+        # environment; and, where builds start, the Dask client's TLS settings of "On a Dask
+        # cluster", which the Prefect worker's runs take to a cluster (a local one makes its own).
+        env = shell([*ONE_MACHINE[:2], CLIENT_TLS], env)
         # Into the profile under this PREFECT_HOME, as a user's goes into ~/.prefect.
-        for command in ONE_MACHINE[:2]:
+        for command in ONE_MACHINE[2:4]:
             configured = subprocess.run([str(BIN / "prefect"), *shlex.split(command)[1:]], env=env,
                                         capture_output=True)
             assert configured.returncode == 0, configured.stderr
@@ -187,9 +196,9 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
         # this test took that one first.
         for attempt in range(3):
             port = spare_port()
-            api_url = ONE_MACHINE[3].split("=", 1)[1].replace("4200", str(port))
+            api_url = ONE_MACHINE[5].split("=", 1)[1].replace("4200", str(port))
             env.update(PREFECT_SERVER_API_PORT=str(port), PREFECT_API_URL=api_url)
-            server = start(ONE_MACHINE[2], server_log)
+            server = start(ONE_MACHINE[4], server_log)
             try:
                 _wait_up(api_url, server, server_log)
                 break
@@ -213,8 +222,8 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
                 "execution": {"n_workers": 1, "batch_size": 4, "retry_backoff_s": 0},
             }))
             stack = Stack(api_url, env, server_log, base / "prefect-home" / "prefect.db", worker_log, config,
-                          start_worker=lambda: start(ONE_MACHINE[5], worker_log))
-            deployed = stack.run(ONE_MACHINE[4])
+                          start_worker=lambda: start(ONE_MACHINE[7], worker_log))
+            deployed = stack.run(ONE_MACHINE[6])
             assert deployed.returncode == 0, deployed.stdout + deployed.stderr
             assert f"registered 1 deployment from infra/prefect.yaml; workers run them in {ROOT}" in deployed.stderr
             stack.worker = stack.start_worker()
@@ -232,12 +241,14 @@ def _api(request, monkeypatch):
         yield
         return
     # Prefect reads the environment once, when first imported: import it before setting the
-    # variable, so that tests after these do not inherit a server that is gone.
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    # variables, so that tests after these do not inherit a server that is gone.
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
-    url = request.getfixturevalue("stack").api_url
-    monkeypatch.setenv("PREFECT_API_URL", url)
-    with temporary_settings({PREFECT_API_URL: url}):
+    stack = request.getfixturevalue("stack")
+    settings = {PREFECT_API_URL: stack.api_url, PREFECT_API_AUTH_STRING: stack.env["PREFECT_API_AUTH_STRING"]}
+    for setting, value in settings.items():
+        monkeypatch.setenv(setting.name, value)
+    with temporary_settings(settings):
         yield
 
 
@@ -325,9 +336,9 @@ def test_rebuild_runs_on_the_worker_then_resumes_with_nothing_redone(stack, tmp_
     assert any(name.startswith("clips/") for name in built)
 
     # The same deployment on an existing Dask cluster, as infra/README.md shows.
-    with dask_cluster(tmp_path, [("cpu", [])]) as (address, _):
+    with dask_cluster(tmp_path, [("cpu", [])], tls=True) as (address, _):
         command = ON_A_CLUSTER.replace("configs/my.yaml", str(stack.config)).replace(
-            "tcp://HOST:8786", address)
+            "tls://HOST:8786", address)
         result = stack.run(f"{command} -p root={root}")
         assert result.returncode == 0, result.stderr
         run_id = UUID(re.search(r"UUID: ([0-9a-f-]{36})", result.stdout).group(1))
@@ -465,7 +476,7 @@ def _history(database: Path) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_the_run_history_stays_bounded_under_nightly_builds(stack, tmp_path):
-    """README's second line: the server deletes the runs that ended over 30 days ago. Each night
+    """README's fourth line: the server deletes the runs that ended over 30 days ago. Each night
     is a build of a new root (all its task runs new), after which every run and event is aged 16
     days: a night's runs are deleted once the next night's are built. From the second night the
     database holds one night's runs, and its size stays flat."""
