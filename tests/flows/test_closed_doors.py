@@ -284,7 +284,9 @@ def test_a_dask_client_without_the_clusters_certificate_cannot_connect(tmp_path)
         for address_tried, security in [(address, None), (address, Security.temporary()),
                                         (address.replace("tls://", "tcp://"), None)]:
             with pytest.raises((OSError, TypeError)):
-                Client(address_tried, security=security, timeout=3)
+                # Not the default: a client that fails to start would leave itself as the
+                # session's scheduler in Dask's global settings.
+                Client(address_tried, security=security, timeout=3, set_as_default=False)
         assert _loopback_only([proc.pid for proc in procs])
     finally:
         for proc in procs:
@@ -338,4 +340,4 @@ def test_a_builds_local_cluster_listens_on_loopback_and_speaks_tls_where_require
             assert client.submit(operator.add, 1, 2, pure=False).result(timeout=30) == 3
         if encryption:
             with pytest.raises(OSError):
-                Client(address, security=tls_client(), timeout=3)
+                Client(address, security=tls_client(), timeout=3, set_as_default=False)
