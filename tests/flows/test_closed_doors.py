@@ -10,6 +10,7 @@ certificates of its own where Dask's settings require encryption."""
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import operator
 import os
@@ -287,6 +288,10 @@ def test_a_dask_client_without_the_clusters_certificate_cannot_connect(tmp_path)
                 # Not the default: a client that fails to start would leave itself as the
                 # session's scheduler in Dask's global settings.
                 Client(address_tried, security=security, timeout=3, set_as_default=False)
+            # The failed client, held in a reference cycle by its traceback, closes now: closed
+            # by the garbage collector inside the next client's start, it waits for ever on the
+            # lock that start holds (distributed's LoopRunner).
+            gc.collect()
         assert _loopback_only([proc.pid for proc in procs])
     finally:
         for proc in procs:
@@ -341,3 +346,4 @@ def test_a_builds_local_cluster_listens_on_loopback_and_speaks_tls_where_require
         if encryption:
             with pytest.raises(OSError):
                 Client(address, security=tls_client(), timeout=3, set_as_default=False)
+            gc.collect()  # as above: the failed client closes before any other starts
