@@ -17,6 +17,7 @@ from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 
 SCRIPT = """
+import os
 import sys
 import stagekit
 from pipeline.runner import RetryPolicy, StageContext, run_stage
@@ -26,6 +27,10 @@ if not ctx.corpus.table_files("videos"):
     stagekit.make_videos(ctx.corpus, 24, extra=("bad1", "gone1", "silent1"))
 run_stage(stagekit.DOWNLOAD, ctx, batch_size=4)
 run_stage(stagekit.TRANSCRIBE, ctx, batch_size=4)
+# Ended as vlcorpus's entry point ends (pipeline/launch.py), before the interpreter's teardown,
+# where Arrow's thread pools now and then abort the process (apache/arrow#34314).
+sys.stderr.flush()
+os._exit(0)
 """
 
 
