@@ -27,19 +27,15 @@ import pytest
 import yaml
 from conftest import ROOT, tls_client, tls_env
 from docskit import code_blocks, commands, shell
+from infrakit import INFRA, documents, lists_under
 
 sys.path.insert(0, str(ROOT / "infra"))
 from make_secrets import ROLES, make_env_file, make_tls  # noqa: E402 - infra/ is a folder of scripts
 
-INFRA = ROOT / "infra"
 BIN = Path(sys.executable).parent
 DASK_TLS = "DASK_DISTRIBUTED__COMM__TLS__"
 REQUIRE_ENCRYPTION = "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"
 AUTH = "the-servers-auth-string"
-
-
-def _yaml(path: Path) -> list:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +56,7 @@ def made(tmp_path_factory) -> tuple[set[str], set[str]]:
 def test_compose_publishes_only_prefect_on_loopback_and_holds_no_secret(made):
     variables, files = made
     text = (INFRA / "docker-compose.yaml").read_text()
-    (compose,) = _yaml(INFRA / "docker-compose.yaml")
+    (compose,) = documents(INFRA / "docker-compose.yaml")
     services = compose["services"]
     published = {name: service["ports"] for name, service in services.items() if "ports" in service}
     assert published == {"prefect-server": ["127.0.0.1:4200:4200"]}
@@ -98,21 +94,6 @@ def test_compose_publishes_only_prefect_on_loopback_and_holds_no_secret(made):
         assert command[command.index("--dashboard-address") + 1].startswith("127.0.0.1:"), command
 
 
-def _envs(node) -> list[list[dict]]:
-    """Every container env list (of {name, value | valueFrom}) under a parsed document."""
-    found = []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "env" and isinstance(value, list):
-                found.append(value)
-            else:
-                found += _envs(value)
-    elif isinstance(node, list):
-        for value in node:
-            found += _envs(value)
-    return found
-
-
 def _secret_refs(node) -> list[tuple[str, str]]:
     """(Secret, key) of every secretKeyRef and of every item of a mounted Secret."""
     if isinstance(node, list):
@@ -128,7 +109,7 @@ def _secret_refs(node) -> list[tuple[str, str]]:
 
 def test_kubernetes_keeps_dask_inside_on_tls_and_takes_secrets_from_secrets(made):
     variables, files = made
-    docs = {path: _yaml(INFRA / "k8s" / path) for path in ("dask-values.yaml", "prefect-worker.yaml")}
+    docs = {path: documents(INFRA / "k8s" / path) for path in ("dask-values.yaml", "prefect-worker.yaml")}
     for path in docs:
         assert not re.search(r"LoadBalancer|NodePort|hostPort|hostNetwork", (INFRA / "k8s" / path).read_text()), path
     (values,) = docs["dask-values.yaml"]
@@ -139,7 +120,7 @@ def test_kubernetes_keeps_dask_inside_on_tls_and_takes_secrets_from_secrets(made
     for group in [values["worker"], *values["additional_worker_groups"]]:
         assert group["custom_scheduler_url"].startswith("tls://")
         assert group["extraArgs"] == ["--dashboard-address=127.0.0.1:0"]
-    envs = [env for doc in docs.values() for body in doc for env in _envs(body)]
+    envs = [env for doc in docs.values() for body in doc for env in lists_under(body, ("env",))]
     assert len(envs) == 5  # the scheduler, two worker groups, the deploy and the worker
     for env in envs:
         by_name = {item["name"]: item for item in env}

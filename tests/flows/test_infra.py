@@ -14,15 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT
+from infrakit import INFRA, documents, lists_under
 
-INFRA = ROOT / "infra"
 BIN = Path(sys.executable).parent
 # Commands the containers run; each must be an executable the package installs.
 COMMANDS = {"dask", "prefect", "vlcorpus"}
-
-
-def _yaml(path: Path) -> list:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
 
 
 def _entrypoint(spec: str):
@@ -31,7 +27,7 @@ def _entrypoint(spec: str):
 
 
 def test_prefect_yaml_deployments_point_at_real_flows_and_configs():
-    (spec,) = _yaml(INFRA / "prefect.yaml")
+    (spec,) = documents(INFRA / "prefect.yaml")
     names = set()
     for deployment in spec["deployments"]:
         flow = _entrypoint(deployment["entrypoint"])
@@ -54,24 +50,14 @@ def test_prefect_yaml_deployments_point_at_real_flows_and_configs():
 
 def _commands(node) -> list[list[str]]:
     """Every command list under a `command` key of a parsed YAML document."""
-    found = []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in ("command", "custom_worker_command") and isinstance(value, list):
-                found.append([str(v) for v in value])
-            else:
-                found += _commands(value)
-    elif isinstance(node, list):
-        for value in node:
-            found += _commands(value)
-    return found
+    return [[str(v) for v in value] for value in lists_under(node, ("command", "custom_worker_command"))]
 
 
 @pytest.mark.parametrize("path", ["docker-compose.yaml", "k8s/prefect-worker.yaml",
                                   "k8s/dask-values.yaml"])
 @pytest.mark.slow
 def test_container_commands_exist(path):
-    commands = [c for doc in _yaml(INFRA / path) for c in _commands(doc)]
+    commands = [c for doc in documents(INFRA / path) for c in _commands(doc)]
     assert commands
     for command in commands:
         assert command[0] in COMMANDS and (BIN / command[0]).exists(), command
