@@ -30,7 +30,7 @@ from pipeline.errors import SetupError
 from pipeline.features import WeightsError, build_extractor
 from pipeline.features.milnce import read_words, weights_path
 from pipeline.features.weights import published_file
-from pipeline.models.cache import obtain
+from pipeline.models.cache import PROBE_TIMEOUT_S, obtain
 from pipeline.models.pins import SHA256, pinned
 
 SENTENCE = "A man is playing a guitar."
@@ -155,12 +155,14 @@ def test_an_offline_switch_is_a_refusal_at_once_without_a_connection(tmp_path, m
 
 @pytest.mark.slow
 @pytest.mark.parametrize("silent", [False, True], ids=["drops connections", "never answers"])
-def test_an_unreachable_hub_is_a_refusal_within_two_seconds(tmp_path, silent):
+def test_an_unreachable_hub_is_a_refusal_within_seconds(tmp_path, silent):
     with unreachable_hub(silent) as hub:
         env = hub_env(tmp_path / "hf", hub, TORCH_HOME=str(tmp_path / "torch"))
         found = build(env, "text:org/minilm", "resnet34", "s3d_howto100m", pins=UNSERVED)
         assert hub.connections == 1  # the first probe; the others know the hub is down
-    assert sum(row["seconds"] for row in found) < 2, found
+    # One probe's wait (PROBE_TIMEOUT_S) and the checks' own work, never the libraries' retries
+    # (tens of seconds); a bound with room for a busy machine, not a timing.
+    assert sum(row["seconds"] for row in found) < PROBE_TIMEOUT_S + 4, found
     for row in found:
         assert f"it cannot be downloaded: {hub.url} cannot be reached" in row["error"], row
     text, resnet, milnce = (row["error"] for row in found)
