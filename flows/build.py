@@ -38,7 +38,7 @@ from prefect_dask import DaskTaskRunner
 from flows.partition_passes import flow_limits, run_partitions
 from flows.build_progress import publish_summary
 from flows.services import build_services
-from flows.rerun import name_rerun
+from flows.rerun import name_rerun, repeated
 from flows.siblings import mark_crashed, superseded
 
 from pipeline.config import Config, config_hash, dump_config, load_config
@@ -270,13 +270,14 @@ def rebuild_corpus(
     build (the config's health section) ends Failed once everything it did is committed. A
     scheduled run with a newer one of its deployment also due (missed while no worker was up)
     ends Cancelled without building: the newest builds. ``rerun_of``: the name of the Crashed
-    run that this one runs again (set by a deployment's rerun, flows/rerun.py)."""
+    run that this one runs again (set by a deployment's rerun, flows/rerun.py); a second rerun
+    of the same run ends Cancelled too."""
     run = FlowRunContext.get().flow_run
     if rerun_of is not None:
         name_rerun(run, rerun_of)  # first: the run's logs carry its new name
         get_run_logger().warning("this run is %r run again, which ended Crashed; it resumes that build's "
                                  "committed batches", rerun_of)
-    why = superseded(run)
+    why = superseded(run) if rerun_of is None else repeated(run, rerun_of)
     if why is not None:
         get_run_logger().warning(why)
         return Cancelled(message=why)
