@@ -32,6 +32,7 @@ def test_build_on_a_cluster_with_a_gpu_worker(demo_corpus, tmp_path, cluster):
             "transcribe": {"prefer": ["manual"]},
             "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"}],
                          "clips_per_commit": 4},
+            "frames": {"short_side": 64, "crop": 56},
             "execution": {"batch_size": 1, "gpu_resource": True, "retry_backoff_s": 0},
         })
         summary = run_build(cfg, root=str(tmp_path / "corpus"), until="featurize",

@@ -219,6 +219,7 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
                 "transcribe": {"prefer": ["manual", "auto"]},
                 "align": {"splits": {"train": 0.5, "val": 0.0, "test": 0.5}},
                 "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"}]},
+                "frames": {"short_side": 64, "crop": 56},  # small: CPU featurize is not what this tests
                 "execution": {"n_workers": 1, "batch_size": 4, "retry_backoff_s": 0},
             }))
             stack = Stack(api_url, env, server_log, base / "prefect-home" / "prefect.db", worker_log, config,

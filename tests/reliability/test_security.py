@@ -63,6 +63,7 @@ def test_planted_secrets_appear_in_no_output_of_a_build(demo_corpus, tmp_path, t
                          "subtitle_langs": ["en"]},
             "transcribe": {"prefer": ["manual"]},
             "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"}]},
+            "frames": {"short_side": 64, "crop": 56},
             "execution": {"retry_backoff_s": 0},
         })
         summary = run_build(cfg, root=str(root), until="report")
