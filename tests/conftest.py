@@ -280,12 +280,13 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 # The longest units of work, longest first (the suite's --durations, 2 cores): the worker path
-# (a 60 s liveness window, a schedule that fires once a minute), the production rehearsal, the
-# fault points, the bad inputs, the image's install, the download breaker's cool-downs.
-LONGEST_FIRST = ("tests/flows/test_worker.py", "tests/flows/test_rehearsal.py", "tests/reliability/test_faults.py",
-                 "tests/reliability/test_bad_inputs.py", "tests/flows/test_image.py",
-                 "tests/flows/test_download_breaker.py", "tests/docs/test_getting_started.py",
-                 "tests/flows/test_demo_build.py", "tests/flows/test_styles.py")
+# (a 60 s liveness window, a schedule that fires once a minute), the getting-started page with
+# the demo and its resume, the production rehearsal, the fault points, the bad inputs, the
+# image's install, the download breaker's cool-downs.
+LONGEST_FIRST = ("tests/flows/test_worker.py", "tests/docs/test_getting_started.py", "tests/flows/test_rehearsal.py",
+                 "tests/reliability/test_faults.py", "tests/reliability/test_bad_inputs.py",
+                 "tests/flows/test_image.py", "tests/flows/test_download_breaker.py",
+                 "tests/flows/test_styles.py")
 
 
 @pytest.hookimpl(trylast=True)

@@ -2,19 +2,26 @@
 written, in page order, in a folder with the repository's configs and virtualenv, and the
 files it shows (``title="..."``) are written as shown. Two things differ, each where the page
 could not be followed offline or in a few minutes: ``make demo`` runs the command its recipe
-runs with 3 videos instead of 12 (tests/flows/test_demo_build.py covers the demo itself), and
-the YouTube ids and URL template of the own-corpus section point at the demo's site on
-127.0.0.1 instead. ``make test`` is the suite this test is part of: only its recipe is checked.
-A ``pip install`` runs with ``--dry-run``: it resolves what it would install from the lock's
-constraints, without installing (tests/flows/test_image.py installs from them for real).
-Then the Python blocks of docs/outputs.md run on the demo's corpus, as written, in page order
-and in one process, as a reader pastes them into one session."""
+runs with 3 videos instead of 12, and the YouTube ids and URL template of the own-corpus section
+point at the demo's site on 127.0.0.1 instead. ``make test`` is the suite this test is part of:
+only its recipe is checked. A ``pip install`` runs with ``--dry-run``: it resolves what it would
+install from the lock's constraints, without installing (tests/flows/test_image.py installs
+from them for real). Then the Python blocks of docs/outputs.md run on the demo's corpus, as
+written, in page order and in one process, as a reader pastes them into one session.
+
+Last, the demo itself (``vlcorpus demo``: generated site, Prefect flow on a local multi-process
+Dask cluster, summary): its corpus is valid and holds what the page says; damaged shards are
+named by `vlcorpus validate`; ``make demo``'s command run again resumes, changes no table and
+writes those shards again. One demo build serves the page and these checks: each costs about
+half a CPU-minute."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -24,6 +31,8 @@ from conftest import require_binaries, spare_port
 from docskit import DOCS, ROOT, code_blocks, commands
 
 from pipeline.align.stage import split_for
+from pipeline.corpus.storage import Corpus
+from pipeline.corpus.validate import validate
 from pipeline.demo.model import DemoSite
 from pipeline.demo.serve import serve_demo
 from pipeline.discover.rows import id_for_url
@@ -56,10 +65,11 @@ def _demo_port() -> int:
             return port
 
 
-def _run(command: str, cwd: Path, env: dict[str, str]) -> None:
+def _run(command: str, cwd: Path, env: dict[str, str], code: int = 0) -> subprocess.CompletedProcess:
     done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
-    assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == code, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
 
 
 def test_every_getting_started_command_runs_as_written(tmp_path):
@@ -93,7 +103,8 @@ def test_every_getting_started_command_runs_as_written(tmp_path):
                     assert any("pytest" in line for line in _recipe("test"))
                 elif command == "make demo":
                     [demo] = [line for line in _recipe("demo") if " demo --root " in line]
-                    _run(f"{demo} --videos {DEMO_VIDEOS} --port {_demo_port()} --quiet", work, env)
+                    demo += f" --videos {DEMO_VIDEOS} --port {_demo_port()}"
+                    _run(f"{demo} --quiet", work, env)
                     pages = work / "demo-corpus" / "site"
                     site["template"] = stack.enter_context(serve_demo(pages)) + "pages/{id}.html"
                     site["ids"] = " ".join(v.id for v in DemoSite.load(pages).videos)
@@ -107,3 +118,39 @@ def test_every_getting_started_command_runs_as_written(tmp_path):
     readers = "".join(b.text for b in code_blocks(OUTPUTS) if b.language == "python")
     _run(f".venv/bin/python - <<'PY'\n{readers}PY", work, env)
     assert list((work / "my_tours-corpus" / "shards" / "parquet").glob("split=*/*.parquet"))
+    _demo_is_valid_and_resumes(work, demo, env)
+
+
+def _demo_is_valid_and_resumes(work: Path, demo: str, env: dict[str, str]) -> None:
+    """The demo's corpus after the page, then ``make demo``'s command again (same port: generic
+    video ids include the page URL)."""
+    root = work / "demo-corpus" / "corpus"
+    corpus = Corpus(str(root))
+    before = {t: corpus.read(t).num_rows for t in corpus.tables()}
+    # The videos, plus the page whose media is truncated and the one that 404s.
+    assert before["videos"] == DEMO_VIDEOS + 2 and before["downloads"] == DEMO_VIDEOS
+    assert before["segments"] > DEMO_VIDEOS
+    errors = Counter((e["stage"], e["kind"]) for e in corpus.read("errors").to_pylist())
+    assert errors == {("download", "bad_input"): 1, ("download", "permanent"): 1}
+    assert validate(corpus) == []
+
+    # A shard overwritten with garbage and one deleted: validate names both on stdout and exits
+    # 1, status no longer counts their clips as sharded, and the second run, which does nothing
+    # else, writes them again.
+    part = sorted((root / "shards" / "parquet").rglob("*.parquet"))[0]
+    tar = sorted((root / "shards" / "webdataset").glob("*.tar"))[-1]
+    shards = {p: p.read_bytes() for p in (part, tar)}
+    part.write_bytes(b"garbage" * 100)
+    tar.unlink()
+    checked = _run(".venv/bin/vlcorpus validate demo-corpus/corpus", work, env, code=1)
+    assert f"shards/parquet/{part.relative_to(root / 'shards' / 'parquet')}: " in checked.stdout
+    assert f"shards/webdataset/{tar.name}: missing" in checked.stdout
+    assert "the next build writes them again" in checked.stdout
+    status = json.loads(_run(".venv/bin/vlcorpus status demo-corpus/corpus --json", work, env).stdout)
+    assert status["stages"]["shard"]["todo"] > 0
+    again = json.loads(_run(f"{demo} --json", work, env).stdout.strip().splitlines()[-1])
+    assert again["stages"]["download"]["items"] == 0 and again["stages"]["transcribe"]["items"] == 0
+    assert {"site_s", "setup_s", "work_s"} <= set(again["timing"])  # the summary's time: line
+    assert {t: corpus.read(t).num_rows for t in corpus.tables()} == before
+    assert validate(corpus) == []
+    assert all(p.read_bytes() == data for p, data in shards.items())
