@@ -1,6 +1,7 @@
-"""200 videos from a server that fails a share of requests (503) and drops connections: every
+"""60 videos from a server that fails a share of requests (503) and drops connections: every
 video ends up downloaded or in errors, none twice, and the concurrency limit holds. (A 429 is a
-block, not a flaky server: test_download_blocks.py.)"""
+block, not a flaky server: test_download_blocks.py.) 60 videos are some 270 requests: a few
+dozen misbehave (one in seven), and four downloads are in flight through most of them."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from pipeline.corpus.validate import validate
 pytestmark = pytest.mark.slow
 
 
-def test_200_videos_through_a_flaky_server(tmp_path):
+def test_60_videos_through_a_flaky_server(tmp_path):
     require_binaries("ffmpeg", "ffprobe")
     media = tiny_mp4(tmp_path / "tiny.mp4")
     with flaky_server(media, p429=0.1, pdrop=0.05, error_code=503) as (base, stats):
-        urls = [f"{base}/v/{i:03d}.html" for i in range(200)]
+        urls = [f"{base}/v/{i:03d}.html" for i in range(60)]
         cfg = parse_config({
             "name": "load",
             "sources": [{"type": "urls", "urls": urls}],
@@ -33,9 +34,9 @@ def test_200_videos_through_a_flaky_server(tmp_path):
                           "retry_backoff_max_s": 0.2},
         })
         ctx = context(Corpus(str(tmp_path / "corpus")), cfg)
-        assert discover(ctx).added == 200
+        assert discover(ctx).added == 60
         first = run_stage(download.STAGE, ctx, cfg.execution.batch_size)
-        assert first.items == 200
+        assert first.items == 60
         assert stats.max_in_flight <= 4, f"{stats.max_in_flight} requests in flight, limit 4"
         assert stats.throttled > 0 and stats.dropped > 0  # the server did misbehave
         corpus = ctx.corpus
@@ -53,7 +54,7 @@ def test_200_videos_through_a_flaky_server(tmp_path):
         second = run_stage(download.STAGE, ctx, cfg.execution.batch_size)
         assert second.items == len(failed) and second.ok == len(failed)
         assert sum(stats.served_media.values()) - fetched == len(failed)
-        assert len(corpus.done("downloads")) == 200 and validate(corpus) == []
+        assert len(corpus.done("downloads")) == 60 and validate(corpus) == []
 
 
 def test_demo_site_media_and_subtitles_land(demo_corpus):
