@@ -15,25 +15,42 @@ import pytest
 from conftest import require_binaries
 from flows.build import run_build
 from pipeline.config import parse_config
+from pipeline.corpus.partitions import index_of
 from pipeline.demo import serve_demo
+from pipeline.discover import id_for_url
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
+from pipeline.ids import video_id
 
 pytestmark = pytest.mark.slow
-VIDEOS = 6
-PARTITIONS = 3
+VIDEOS = 4
+PARTITIONS = 2
 
 
-def _site(demo_corpus, tmp_path: Path) -> tuple[Path, list[str]]:
-    """The demo site with its two tours served under six page names (six videos)."""
+def _site(demo_corpus, tmp_path: Path) -> Path:
+    """A copy of the demo site, whose two tours ``_pages`` serves under more page names."""
     _, site = demo_corpus
     copy = tmp_path / "site"
     shutil.copytree(site, copy)
-    pages = []
-    for i in range(VIDEOS):
-        shutil.copy(copy / "pages" / f"tour-{i % 2}.html", copy / "pages" / f"copy-{i}.html")
-        pages.append(f"pages/copy-{i}.html")
-    return copy, pages
+    return copy
+
+
+def _pages(site: Path, base: str) -> list[str]:
+    """The URLs of VIDEOS pages of the two tours, VIDEOS // PARTITIONS in each partition: a
+    video's partition hashes its id, which holds its URL (the server's port too), so the page
+    names are picked for the port, that every partition has media whose bound can be seen."""
+    per: Counter[int] = Counter()
+    urls: list[str] = []
+    for i in range(1000):
+        url = f"{base}pages/copy-{i}.html"
+        partition = index_of(video_id(*id_for_url(url)), PARTITIONS)
+        if per[partition] < VIDEOS // PARTITIONS:
+            shutil.copy(site / "pages" / f"tour-{len(urls) % 2}.html", site / "pages" / f"copy-{i}.html")
+            per[partition] += 1
+            urls.append(url)
+        if len(urls) == VIDEOS:
+            return urls
+    raise AssertionError(f"no {VIDEOS} page names fill {PARTITIONS} partitions evenly")
 
 
 def _config(urls: list[str], extractors: list[str]):
@@ -73,16 +90,20 @@ class _MediaWatch:
 
 
 def test_pipelined_build_bounds_media_and_downloads_again_when_needed(demo_corpus, tmp_path,
-                                                                      prefect_server):
+                                                                      prefect_server, monkeypatch):
     require_binaries("ffmpeg", "ffprobe")
-    site, pages = _site(demo_corpus, tmp_path)
+    # One OpenMP thread for torch in the build's workers, which share the cores: torch's
+    # threads, one per core by default, spin while they wait for one.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    site = _site(demo_corpus, tmp_path)
     root = tmp_path / "corpus"
     with serve_demo(site) as base:
-        urls = [f"{base}{p}" for p in pages]
+        urls = _pages(site, base)
         with _MediaWatch(root / "media") as watch:
             first = run_build(_config(urls, ["resnet34"]), root=str(root), until="shard")
         corpus = Corpus(str(root))
         sizes = Counter(corpus.partition_of(v) for v in corpus.distinct("videos", "video_id"))
+        assert sorted(sizes.values()) == [VIDEOS // PARTITIONS] * PARTITIONS, sizes
         # One partition at a time: never the media of two partitions on disk together.
         assert watch.peak and len(watch.peak) <= max(sizes.values())
         assert len({corpus.partition_of(v) for v in watch.peak}) == 1
