@@ -90,11 +90,8 @@ class _MediaWatch:
 
 
 def test_pipelined_build_bounds_media_and_downloads_again_when_needed(demo_corpus, tmp_path,
-                                                                      prefect_server, monkeypatch):
+                                                                      prefect_server):
     require_binaries("ffmpeg", "ffprobe")
-    # One OpenMP thread for torch in the build's workers, which share the cores: torch's
-    # threads, one per core by default, spin while they wait for one.
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     site = _site(demo_corpus, tmp_path)
     root = tmp_path / "corpus"
     with serve_demo(site) as base:

@@ -74,17 +74,9 @@ def _config(path: Path, urls: Path) -> Path:
     return path
 
 
-def _env(**extra: str) -> dict[str, str]:
-    """The environment of a build process. One OpenMP thread for torch: the processes of a
-    build (and the tests beside it) share the cores already, and torch's threads, one per core
-    by default, spin while they wait for one (the featurize stage of the clean build took 9 CPU-s
-    on 2 busy cores, 4.4 with one thread); what a kill and a rerun must keep equal is the same."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
-
-
 def _start(config: Path, root: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", DRIVER, str(config), str(root)],
-                            env=_env(PYTHONPATH=str(ROOT)),
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -161,7 +153,7 @@ def _vlcorpus_build(config: Path, root: Path) -> subprocess.Popen:
     workers are killed with it."""
     return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "build", str(config),
                              "--root", str(root), "--quiet"],
-                            env=_env(), start_new_session=True, stdout=subprocess.DEVNULL,
+                            start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -268,10 +260,8 @@ def test_failed_batch_write_commits_nothing_and_keeps_earlier_batches(demo_corpu
     count.add("mismatched rebuilds", 0)
 
 
-def test_dask_worker_killed_mid_task_build_completes(demo_corpus, tmp_path, prefect_server, tally,
-                                                     monkeypatch):
+def test_dask_worker_killed_mid_task_build_completes(demo_corpus, tmp_path, prefect_server, tally):
     require_binaries("ffmpeg", "ffprobe")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the workers' torch: see _env
     from flows.build import run_build
 
     _, site = demo_corpus
