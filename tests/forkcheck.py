@@ -1,8 +1,10 @@
-"""``python forkcheck.py LIBRARY WORKDIR``: what `vlcorpus build` does with a library that keeps
-native state, checked for one library at a time. The build's checks load the library's state in
-this process (a model, its thread pool, a gRPC channel); then the workers' fork server starts, as
-a build starts it, and a task that uses the library runs in a worker of a local Dask cluster
-forked from it. Prints the task's result beside this process's own as JSON. A hang is bounded: faulthandler
+"""``python forkcheck.py LIBRARY[,LIBRARY...] WORKDIR``: what `vlcorpus build` does with libraries
+that keep native state. The build's checks load each library's state in this process (a model,
+its thread pool, a gRPC channel), all of them before any worker exists, as a build whose config
+needs them all does; then the workers' fork server starts, as a build starts it, and for each
+library a task that uses it runs in a worker of a local Dask cluster forked from it. Prints, per
+library, the task's result beside this process's own as JSON (one run for every library: each run
+costs an interpreter, the imports, a fork server and a cluster). A hang is bounded: faulthandler
 prints every thread's stack and exits with 1 (tests/flows/test_fork_server.py)."""
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-BOUND_S = 150
+BOUND_S = 150  # each step: a library's check, the cluster's start, a use of a library
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
@@ -67,7 +69,17 @@ def use(library: str, config: dict[str, Any], wav: str) -> str:
         return str(tuple(extractor.model(torch.rand(4, 3, 64, 64)).shape))
 
 
-def main(library: str, workdir: Path) -> None:
+def _result(fn: Any) -> str:
+    """``fn()``, or the error it raised (one library's failure is its own case's alone), within
+    BOUND_S of its start."""
+    faulthandler.dump_traceback_later(BOUND_S, exit=True)
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON, the test asserts on it
+        return f"error: {exc!r}"
+
+
+def main(libraries: list[str], workdir: Path) -> None:
     faulthandler.dump_traceback_later(BOUND_S, exit=True)
     from distributed import Client, LocalCluster
 
@@ -78,7 +90,7 @@ def main(library: str, workdir: Path) -> None:
     wav = _speech(workdir)
     server = None
     endpoint = None
-    if library == "grpc":
+    if "grpc" in libraries:
         from concurrent import futures
 
         import grpc
@@ -89,19 +101,23 @@ def main(library: str, workdir: Path) -> None:
         server.add_generic_rpc_handlers(service.handlers())
         endpoint = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
         server.start()
-    config = _config(library, workdir, endpoint)
-    # Only what a build does before its workers start: the checks (using the library here first
+    configs = {library: _config(library, workdir, endpoint) for library in libraries}
+    # Only what a build does before its workers start: the checks (using a library here first
     # would start threads of its own, tqdm's monitor among them).
-    check_build(parse_config(config), until="featurize")
+    for config in configs.values():
+        faulthandler.dump_traceback_later(BOUND_S, exit=True)
+        check_build(parse_config(config), until="featurize")
+    faulthandler.dump_traceback_later(BOUND_S, exit=True)
     with fork_server(), LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
                                      preload=[WORKER_START]) as cluster, Client(cluster) as client:
-        there = client.submit(use, library, config, wav, pure=False).result(timeout=BOUND_S)
-    here = use(library, config, wav)
+        there = {library: _result(lambda library=library: client.submit(
+            use, library, configs[library], wav, pure=False).result(timeout=BOUND_S)) for library in libraries}
+    here = {library: _result(lambda library=library: use(library, configs[library], wav)) for library in libraries}
     if server is not None:
         server.stop(grace=None)
-    print(json.dumps({"here": here, "there": there}))
+    print(json.dumps({library: {"here": here[library], "there": there[library]} for library in libraries}))
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(TESTS / "stages"))
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(sys.argv[1].split(","), Path(sys.argv[2]))
