@@ -15,9 +15,7 @@ downloads table's `bytes`); the pipelined build's peak under media/ must be at m
 root less shards/ is shown beside it: media, .part files, subtitles, tables). After each build
 every downloads row must carry `released_at`, media/ must be empty, and `vlcorpus validate`
 must pass. Prints the peaks, the bound and whether it holds, both wall times and their ratio,
-then one JSON line; exits 1 when a check fails (never on a time). `--pipelined-only` (the smoke
-test's tiny run, tests/bench/test_bench_smoke.py) makes only the pipelined build: its bound and
-checks, no wall-time ratio.
+then one JSON line; exits 1 when a check fails (never on a time).
 Usage: python bench/bounded_disk.py [--videos 24] [--seconds 60] [--rate 2] [--partitions 8] [--inflight 2]
 """
 
@@ -214,8 +212,6 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="MB/s per connection")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--inflight", type=int, default=2, help="execution.max_inflight_partitions")
-    parser.add_argument("--pipelined-only", action="store_true",
-                        help="no stage-at-a-time build, so no wall-time ratio (a smoke run)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="vlcorpus-disk-") as tmp:
         work = Path(tmp)
@@ -225,8 +221,7 @@ def main() -> None:
             urls = work / "urls.txt"
             urls.write_text("".join(f"{u}\n" for u in site.page_urls(base)))
             runs = {}
-            builds = (("pipelined", True),) + (() if args.pipelined_only else (("stage_at_a_time", False),))
-            for name, pipelined in builds:
+            for name, pipelined in (("pipelined", True), ("stage_at_a_time", False)):
                 runs[name] = measure(name, work, urls, args, pipelined)
                 print(f"{name}: {runs[name]['seconds']:.1f} s", flush=True)
     failed = report(args, runs)
@@ -235,7 +230,7 @@ def main() -> None:
 
 def report(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> list[str]:
     """Prints the figures and the JSON line; returns the checks that failed."""
-    piped, staged = runs["pipelined"], runs.get("stage_at_a_time")
+    piped, staged = runs["pipelined"], runs["stage_at_a_time"]
     holds = piped["peak_media_mb"] <= piped["bound_mb"]
     print(f"\n{args.videos} videos x {args.seconds} s ({piped['media_mb']:.0f} MB of media) in "
           f"{args.partitions} partitions, served at {args.rate:g} MB/s per connection")
@@ -243,8 +238,6 @@ def report(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> list[st
     print(f"{'peaks in MB':<26} {'wall s':>7} {'media/':>8} {'root less shards/':>18} {'root':>8} "
           f"{'shards at the end':>18}")
     for name, label in (("pipelined", f"pipelined, {args.inflight} in flight"), ("stage_at_a_time", "stage at a time")):
-        if name not in runs:
-            continue
         r = runs[name]
         print(f"{label:<26} {r['seconds']:>7.1f} {r['peak_media_mb']:>8.1f} {r['peak_root_less_shards_mb']:>18.1f} "
               f"{r['peak_root_mb']:>8.1f} {r['shards_mb']:>18.1f}")
@@ -252,9 +245,8 @@ def report(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> list[st
           f"pipelined peak under media/ {piped['peak_media_mb']:.1f} MB: {'holds' if holds else 'DOES NOT HOLD'}; "
           f"under the root less shards/ {piped['peak_root_less_shards_mb']:.1f} MB "
           f"({'within' if piped['peak_root_less_shards_mb'] <= piped['bound_mb'] else 'over'} the bound)")
-    ratio = piped["seconds"] / staged["seconds"] if staged else None
-    if ratio is not None:
-        print(f"wall time pipelined / stage at a time: {ratio:.2f}")
+    ratio = piped["seconds"] / staged["seconds"]
+    print(f"wall time pipelined / stage at a time: {ratio:.2f}")
     failed = [] if holds else ["bound"]
     for name, r in runs.items():
         c = r["checks"]
@@ -266,7 +258,7 @@ def report(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> list[st
             failed.append(name)
     print(json.dumps({"videos": args.videos, "seconds": args.seconds, "rate_mb_s": args.rate,
                       "partitions": args.partitions, "inflight": args.inflight, "bound_holds": holds,
-                      "pipelined_over_staged": None if ratio is None else round(ratio, 2), "failed": failed,
+                      "pipelined_over_staged": round(ratio, 2), "failed": failed,
                       **{k: {n: v for n, v in r.items() if n != "checks"} | {"checks": {
                           n: v for n, v in r["checks"].items() if n != "validate_output"}}
                          for k, r in runs.items()}}))
