@@ -487,7 +487,7 @@ def test_the_run_history_stays_bounded_under_nightly_builds(stack, tmp_path):
     database holds one night's runs, and its size stays flat."""
     nights = []
     for night in range(3):
-        _completed(_wait_final(stack.trigger(f"root={tmp_path / f'night-{night}'}", "until=download"), stack), stack)
+        _completed(_wait_final(stack.trigger(f"root={tmp_path / f'night-{night}'}", "until=align"), stack), stack)
         _age(stack.database, days=16)
         nights.append(_history(stack.database))
     print(f"Prefect database after each night: {nights}")
