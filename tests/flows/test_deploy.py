@@ -104,20 +104,27 @@ BAD_SCHEDULES = {
 }
 
 
+def _deployment(schedules: list, name: str = "nightly", **parameters) -> dict:
+    return {"name": name, "entrypoint": "flows.build.rebuild_corpus",
+            "parameters": {"config": "configs/apartment_tour.yaml", **parameters},
+            "schedules": schedules, "work_pool": {"name": "vlcorpus"}}
+
+
 def _deployments(path, schedules: list, name: str = "nightly", **parameters) -> None:
-    path.write_text(yaml.safe_dump({"deployments": [{
-        "name": name, "entrypoint": "flows.build.rebuild_corpus",
-        "parameters": {"config": "configs/apartment_tour.yaml", **parameters},
-        "schedules": schedules, "work_pool": {"name": "vlcorpus"}}]}))
+    path.write_text(yaml.safe_dump({"deployments": [_deployment(schedules, name, **parameters)]}))
 
 
-@pytest.mark.parametrize("name", BAD_SCHEDULES)
-def test_a_schedule_deploy_cannot_read_is_one_line_and_exit_2(tmp_path, name):
-    schedule, why = BAD_SCHEDULES[name]
-    _deployments(tmp_path / "d.yaml", [schedule], name=name, root=str(tmp_path / "c"))
+def test_a_schedule_deploy_cannot_read_is_one_line_and_exit_2(tmp_path):
+    """A deployment per unreadable schedule, all in one file: deploy checks every deployment
+    before it registers any, so one command shows each of them refused in a line of its own."""
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump({"deployments": [
+        _deployment([schedule], name=name, root=str(tmp_path / "c"))
+        for name, (schedule, _) in BAD_SCHEDULES.items()]}))
     lines = _lines(_deploy("--file", str(tmp_path / "d.yaml")))
-    assert len(lines) == 2 and lines[0].startswith(f"{name}: ") and why in lines[0], lines
-    assert lines[1] == "(nothing registered)"
+    assert len(lines) == len(BAD_SCHEDULES) + 1, lines
+    for line, (name, (_, why)) in zip(lines, BAD_SCHEDULES.items()):
+        assert line.startswith(f"{name}: ") and why in line, (name, line)
+    assert lines[-1] == "(nothing registered)"
 
 
 @pytest.mark.slow
