@@ -13,16 +13,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeline.report.clips import thumbnails
-from pipeline.report.render import render_html
 from pipeline.report.stats import compute_stats, message_class, message_classes
 from pipeline.runner import StageContext
 
-__all__ = ["compute_stats", "message_class", "message_classes", "render_html", "write_report"]
+__all__ = ["compute_stats", "message_class", "message_classes", "write_report"]
 
 
 def write_report(ctx: StageContext) -> dict[str, Any]:
     """The report stage: stats.json and report.html under ``report/``."""
+    # Drawing and thumbnails import matplotlib (half a CPU-second): here, not with the
+    # package, which every worker imports for the partition summaries' stats.
+    from pipeline.report.clips import thumbnails
+    from pipeline.report.render import render_html
+
     corpus = ctx.corpus
     stats = compute_stats(corpus, write=True)
     corpus.write_text("report/stats.json", json.dumps(stats, indent=1, sort_keys=True) + "\n")
