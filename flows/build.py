@@ -38,8 +38,8 @@ from prefect_dask import DaskTaskRunner
 from flows.partition_passes import flow_limits, run_partitions
 from flows.build_progress import publish_summary
 from flows.services import build_services
-from flows.rerun import name_rerun, repeated
-from flows.siblings import mark_crashed, superseded
+from flows.rerun import name_rerun
+from flows.siblings import mark_crashed, repeated, superseded
 
 from pipeline.config import Config, config_hash, dump_config, load_config
 from pipeline.download import limits

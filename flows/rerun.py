@@ -11,8 +11,8 @@ root's lock keeps it from building beside any other build of the root.
 
 Prefect's triggers act at least once: when the server's database fails the trigger's commit
 (SQLite's "database is locked" on a busy machine), the Crashed event is evaluated again and a
-second rerun is scheduled. The reruns settle it among themselves (``repeated``): the first
-created builds, any other ends Cancelled without building.
+second rerun is scheduled. The reruns settle it among themselves (flows/siblings.py
+``repeated``): the first created builds, any other ends Cancelled without building.
 """
 
 from __future__ import annotations
@@ -21,16 +21,12 @@ from datetime import timedelta
 
 from prefect import Flow
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId, FlowRunFilterExpectedStartTime
 from prefect.client.schemas.objects import FlowRun
 from prefect.events.schemas.automations import Posture
 from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
 
 SUFFIX = "-rerun"
 PARAMETER = "rerun_of"
-# Reruns of one crash are due within seconds of each other (one trigger's firings); an hour
-# either side finds every one without reading the deployment's whole history.
-TWINS_WITHIN = timedelta(hours=1)
 
 
 def rerun_trigger(deployment: str, flow: Flow, after_s: int) -> DeploymentEventTrigger:
@@ -65,21 +61,3 @@ def name_rerun(run: FlowRun, crashed: str) -> None:
         client.set_flow_run_name(run.id, name)
     run.name = name
 
-
-def repeated(run: FlowRun, crashed: str) -> str | None:
-    """Why ``run``, a rerun of the run named ``crashed``, should not build: another rerun of
-    the same run was created first (the trigger fired twice). None when ``run`` is the first."""
-    if run.deployment_id is None or run.expected_start_time is None:
-        return None
-    with get_client(sync_client=True) as client:
-        near = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            deployment_id=FlowRunFilterDeploymentId(any_=[run.deployment_id]),
-            expected_start_time=FlowRunFilterExpectedStartTime(after_=run.expected_start_time - TWINS_WITHIN,
-                                                               before_=run.expected_start_time + TWINS_WITHIN)),
-            limit=200)
-    twins = [other for other in near if other.parameters.get(PARAMETER) == crashed] + [run]
-    first = min(twins, key=lambda other: (other.created, str(other.id)))
-    if first.id == run.id:
-        return None
-    return (f"repeated: {first.name!r} runs {crashed!r} again already; Prefect's trigger scheduled "
-            f"this rerun too (a trigger can act twice for one event)")

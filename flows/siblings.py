@@ -1,10 +1,11 @@
 """What a deployment's run settles with the runs around it, before it builds: a scheduled run
-missed while no worker was up steps aside for the newest one due, and a run that died holding
-the corpus root is marked Crashed by whoever takes the root over."""
+missed while no worker was up steps aside for the newest one due, a second rerun of one crashed
+run steps aside for the first, and a run that died holding the corpus root is marked Crashed by
+whoever takes the root over."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from uuid import UUID
 
 from prefect.client.orchestration import get_client
@@ -18,9 +19,23 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.states import Crashed
 
+from flows.rerun import PARAMETER
 from pipeline.corpus.rootlock import Holder
 
 _CANCELLED = "CANCELLED"
+# Reruns of one crash are due within seconds of each other (one trigger's firings); an hour
+# either side finds every one without reading the deployment's whole history.
+TWINS_WITHIN = timedelta(hours=1)
+
+
+def _due(run: FlowRun, after: datetime, before: datetime, limit: int) -> list[FlowRun]:
+    """The runs of ``run``'s deployment due between ``after`` and ``before``, latest first."""
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                deployment_id=FlowRunFilterDeploymentId(any_=[run.deployment_id]),
+                expected_start_time=FlowRunFilterExpectedStartTime(after_=after, before_=before)),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=limit)
 
 
 def superseded(run: FlowRun) -> str | None:
@@ -29,14 +44,7 @@ def superseded(run: FlowRun) -> str | None:
     Ad-hoc runs always build."""
     if not run.auto_scheduled or run.deployment_id is None or run.expected_start_time is None:
         return None
-    now = datetime.now(timezone.utc)
-    with get_client(sync_client=True) as client:
-        later = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(
-                deployment_id=FlowRunFilterDeploymentId(any_=[run.deployment_id]),
-                expected_start_time=FlowRunFilterExpectedStartTime(after_=run.expected_start_time,
-                                                                   before_=now)),
-            sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=50)
+    later = _due(run, run.expected_start_time, datetime.now(timezone.utc), limit=50)
     newer = [other for other in later if other.id != run.id and other.auto_scheduled
              and other.expected_start_time > run.expected_start_time
              and (other.state is None or other.state.type.value != _CANCELLED)]
@@ -46,6 +54,20 @@ def superseded(run: FlowRun) -> str | None:
     return (f"superseded: this run was due at {run.expected_start_time:%Y-%m-%d %H:%M:%S %Z}, and "
             f"{newest.name!r}, due at {newest.expected_start_time:%Y-%m-%d %H:%M:%S %Z}, rebuilds the "
             f"same corpus; runs of a schedule missed while no worker was up collapse to the newest")
+
+
+def repeated(run: FlowRun, crashed: str) -> str | None:
+    """Why ``run``, a rerun of the run named ``crashed``, should not build: another rerun of
+    the same run was created first (the trigger fired twice). None when ``run`` is the first."""
+    if run.deployment_id is None or run.expected_start_time is None:
+        return None
+    near = _due(run, run.expected_start_time - TWINS_WITHIN, run.expected_start_time + TWINS_WITHIN, limit=200)
+    twins = [other for other in near if other.parameters.get(PARAMETER) == crashed] + [run]
+    first = min(twins, key=lambda other: (other.created, str(other.id)))
+    if first.id == run.id:
+        return None
+    return (f"repeated: {first.name!r} runs {crashed!r} again already; Prefect's trigger scheduled "
+            f"this rerun too (a trigger can act twice for one event)")
 
 
 def mark_crashed(holder: Holder, reason: str, by: str) -> list[UUID]:

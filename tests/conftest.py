@@ -178,21 +178,30 @@ def demo_corpus(tmp_path_factory):
     return root, site
 
 
-@pytest.fixture
-def temporary_server(monkeypatch):
-    """A Prefect server of the test's own (a database of its own, copied from the session's
-    migrated empty one), that the test process, its threads and any process it starts share
-    through PREFECT_API_URL, as in production."""
-    from flows.services import drain, start_server, use_api
+@contextmanager
+def own_prefect_server() -> Iterator[object]:
+    """A Prefect server of the caller's own (a database of its own, copied from the session's
+    migrated empty one), up; stopped once the logs and events queued for it are sent."""
+    from flows.services import drain, start_server
 
-    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    server = start_server()
-    try:
-        with use_api(server.api_url):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        server = start_server()
+        try:
             yield server
-    finally:
-        drain()
-        server.stop()
+        finally:
+            drain()
+            server.stop()
+
+
+@pytest.fixture
+def temporary_server():
+    """A Prefect server of the test's own (``own_prefect_server``), that the test process, its
+    threads and any process it starts share through PREFECT_API_URL, as in production."""
+    from flows.services import use_api
+
+    with own_prefect_server() as server, use_api(server.api_url):
+        yield server
 
 
 @pytest.fixture

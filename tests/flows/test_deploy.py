@@ -199,7 +199,7 @@ def test_deployed_runs_send_heartbeats_and_a_crashed_run_is_run_again_once(tmp_p
 
     from flows.deploy import deploy
     from flows.liveness import NAME, TAG
-    from flows.rerun import repeated
+    from flows.siblings import repeated
 
     deployments = tmp_path / "d.yaml"
     _deployments(deployments, [], root=str(tmp_path / "c"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT, require_binaries
+from conftest import ROOT, own_prefect_server, require_binaries
 
 pytestmark = pytest.mark.slow  # every test here starts real builds
 
@@ -37,18 +37,19 @@ def site(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def signals_server():
-    """One Prefect server for both signal tests (a server's start costs seconds of CPU); each
-    test points its build at it (``use_api``) and reads only the runs its build made."""
-    from flows.services import drain, start_server
+    """One Prefect server for both signal tests (a server's start costs seconds of CPU)."""
+    with own_prefect_server() as server:
+        yield server
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-        server = start_server()
-        try:
-            yield server
-        finally:
-            drain()
-            server.stop()
+
+@pytest.fixture
+def signals_api(signals_server):
+    """The module's server as this test's Prefect API; the test reads only the runs its build
+    made."""
+    from flows.services import use_api
+
+    with use_api(signals_server.api_url):
+        yield signals_server
 
 
 def _config(tmp_path: Path, urls: Path, extra: str = "") -> Path:
@@ -139,34 +140,31 @@ def test_the_module_entry_point_is_the_script(tmp_path):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_build_stopped_by_a_signal_ends_its_run_crashed_and_releases_the_root(tmp_path, site, signals_server, signum):
+def test_a_build_stopped_by_a_signal_ends_its_run_crashed_and_releases_the_root(tmp_path, site, signals_api, signum):
     """SIGTERM (as `timeout` sends it) or Ctrl-C in the middle of a build: it exits within 30 s,
     its flow run ends Crashed (or Cancelled), the root's lock is gone and no process is left."""
     from prefect.client.orchestration import get_client
 
-    from flows.services import use_api
-
-    with use_api(signals_server.api_url):
-        with get_client(sync_client=True) as client:
-            earlier = {run.id for run in client.read_flow_runs()}  # the other signal's build
-        mark = uuid.uuid4().hex
-        build = _start(_config(tmp_path, site), mark)
-        deadline = time.monotonic() + 180
-        while not (tmp_path / "corpus" / "videos").exists() and build.poll() is None and \
-                time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert build.poll() is None, build.stderr.read()[-3000:]
-        build.send_signal(signum)
-        signalled = time.monotonic()
-        try:
-            build.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            build.kill()
-            pytest.fail(f"the build did not stop within 30 s of {signum!r}: {build.communicate()[1][-3000:]}")
-        assert time.monotonic() - signalled < 30
-        assert build.returncode in (128 + signum, 1, 130), build.stderr.read()[-3000:]
-        assert not (tmp_path / "corpus" / "_lock.json").exists()
-        assert _none_left(mark, within_s=15) == []
-        with get_client(sync_client=True) as client:
-            states = [run.state.type.value for run in client.read_flow_runs() if run.id not in earlier]
-        assert states and set(states) <= {"CRASHED", "CANCELLED"}, states
+    with get_client(sync_client=True) as client:
+        earlier = {run.id for run in client.read_flow_runs()}  # the other signal's build
+    mark = uuid.uuid4().hex
+    build = _start(_config(tmp_path, site), mark)
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "corpus" / "videos").exists() and build.poll() is None and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert build.poll() is None, build.stderr.read()[-3000:]
+    build.send_signal(signum)
+    signalled = time.monotonic()
+    try:
+        build.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        build.kill()
+        pytest.fail(f"the build did not stop within 30 s of {signum!r}: {build.communicate()[1][-3000:]}")
+    assert time.monotonic() - signalled < 30
+    assert build.returncode in (128 + signum, 1, 130), build.stderr.read()[-3000:]
+    assert not (tmp_path / "corpus" / "_lock.json").exists()
+    assert _none_left(mark, within_s=15) == []
+    with get_client(sync_client=True) as client:
+        states = [run.state.type.value for run in client.read_flow_runs() if run.id not in earlier]
+    assert states and set(states) <= {"CRASHED", "CANCELLED"}, states
