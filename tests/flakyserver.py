@@ -71,33 +71,40 @@ class Stats:
 @dataclass
 class Block:
     """Every request after the first ``after`` is refused with ``code`` for ``seconds`` (from
-    the first refusal); then the server serves again. With ``again_after``, the block comes
-    back once, that many seconds after it ended, for ``seconds`` more."""
+    the first refusal), and on until it has refused requests of at least ``videos`` different
+    videos (a loaded machine sends few requests in a few seconds); then the server serves
+    again. With ``again_after``, the block comes back once, that many seconds after it ended,
+    for ``seconds`` more."""
 
     after: int
     seconds: float
     code: int = 429
     again_after: float | None = None
+    videos: int = 0
     started: float | None = None
     refused: int = 0
+    refused_videos: set[str] = field(default_factory=set)
 
-    def refuses(self, request_number: int) -> bool:
+    def refuses(self, request_number: int, video: str) -> bool:
         if request_number <= self.after:
             return False
         now = time.monotonic()
         if self.started is None:
             self.started = now
         elapsed = now - self.started
-        blocked = elapsed < self.seconds
+        blocked = elapsed < self.seconds or len(self.refused_videos) < self.videos
         if self.again_after is not None:
             back = self.seconds + self.again_after
             blocked = blocked or back <= elapsed < back + self.seconds
-        self.refused += blocked
+        if blocked:
+            self.refused += 1
+            self.refused_videos.add(video)
         return blocked
 
     @property
     def ends(self) -> float | None:
-        """time.monotonic() when the last refusal window ends (None: not begun)."""
+        """time.monotonic() when the last refusal window ends (None: not begun), for a block
+        without ``videos``."""
         if self.started is None:
             return None
         return self.started + self.seconds + (self.again_after + self.seconds if self.again_after is not None else 0)
@@ -123,7 +130,8 @@ def _handler(media: bytes, stats: Stats, rng: random.Random,
                                                         by_host[host])
                 stats.requests += 1
                 stats.first_at = stats.first_at or time.time()
-                refused = stats.block is not None and stats.block.refuses(stats.requests)
+                video = self.path.rsplit("/", 1)[-1].split(".", 1)[0]
+                refused = stats.block is not None and stats.block.refuses(stats.requests, video)
                 roll = rng.random()
             try:
                 if refused:

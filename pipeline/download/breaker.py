@@ -226,14 +226,17 @@ class Gate:
         self._seen[egress] = self.store.update(egress, lambda s: succeeded(s, ticket.admitted, now))
 
     def forbidden_kind(self, ticket: Ticket, at: float, earlier: float | None = None) -> ErrorKind:
-        """An HTTP 403 at ``at`` is the video's own (permanent) when its egress was not blocked,
-        has not tripped since, and let through after it (or after the same video's earlier 403
-        at ``earlier``, in an earlier run) a download that succeeded; otherwise it is taken as
-        a block, not final: the next run tries again (a 403 alone decides nothing)."""
+        """An HTTP 403 at ``at`` is the video's own (permanent) only the second time: the same
+        video met a 403 taken as a block in an earlier run (at ``earlier``), this egress was not
+        blocked for this one and has not tripped since, and it let through after the earlier
+        403 a download that succeeded. Otherwise it is a block, not final: the next run tries
+        again. One run's 403s alone decide nothing: a block that reaches fewer videos than
+        ``threshold`` never trips the breaker, and the videos it refused must not be lost."""
+        if earlier is None:
+            return ErrorKind.BLOCKED
         state = self._read()[ticket.egress]
         last_ok = max(state["last_ok"], self._local_ok.get(ticket.egress, 0.0))
-        since = at if earlier is None else min(at, earlier)
-        own = not ticket.probing and state["tripped_at"] < ticket.admitted and last_ok > since
+        own = not ticket.probing and state["tripped_at"] < ticket.admitted and last_ok > min(at, earlier)
         return ErrorKind.PERMANENT if own else ErrorKind.BLOCKED
 
     def paused(self, start: float, end: float) -> tuple[int, float]:

@@ -256,9 +256,14 @@ def _earlier_403(ctx: StageContext, video: str) -> float | None:
 
 def _forbidden_verdict(outcome: Outcome, batch: _Batch, ctx: StageContext) -> None:
     ticket, at = batch.forbidden[outcome.key]
-    outcome.kind = batch.gate.forbidden_kind(ticket, at, _earlier_403(ctx, outcome.key))
+    earlier = _earlier_403(ctx, outcome.key)
+    outcome.kind = batch.gate.forbidden_kind(ticket, at, earlier)
     if outcome.kind == ErrorKind.PERMANENT:
-        outcome.message += " (again after a fresh extraction, while other videos downloaded)"
+        outcome.message += (" (again after a fresh extraction, as in an earlier run, while other "
+                            "videos downloaded)")
+    elif earlier is None:
+        outcome.message += (" (again after a fresh extraction: taken as a block, tried next run; "
+                            "the video's own if refused again while other videos download)")
     else:
         outcome.message += (" (again after a fresh extraction, while the site refused other "
                             "videos too or none got through: taken as a block, tried next run)")

@@ -6,7 +6,7 @@ against a local site that blocks the session.
 - 101 videos, a block in the middle (every request answered 403 for a while, which alone could
   be 101 videos' own 403s), one page that is always 403, captions that 404: after the build and
   one rerun every video is downloaded, none failed for good because of the block, and the
-  always-403 page is permanent. The figures land in the session's tally line.
+  always-403 page, refused in both runs, is permanent. The figures land in the session's tally line.
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def test_a_block_in_the_middle_of_101_videos_loses_none(tmp_path, prefect_server
     media = tiny_mp4(tmp_path / "tiny.mp4")
     stems = [f"{i:03d}" + ("-cap404" if i % 25 == 7 else "") for i in range(100)]
     stems.insert(10, "010-forbidden")
-    # ~4 requests a video (page, two caption tracks, media): the block begins near video 40.
-    block = Block(after=160, seconds=20.0, code=403)
+    # ~4 requests a video (page, two caption tracks, media): the block begins near video 40,
+    # and reaches at least 4 videos however few requests a loaded machine sends in its 20 s.
+    block = Block(after=160, seconds=20.0, code=403, videos=4)
     root = tmp_path / "corpus"
     with flaky_server(media, p429=0, pdrop=0, block=block) as (base, stats):
         cfg = _config("test-block-101", [f"{base}/v/{stem}.html" for stem in stems],

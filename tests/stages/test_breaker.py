@@ -129,23 +129,36 @@ def test_a_probe_that_succeeds_ends_the_block(request):
     assert not after.probing and sum(clock.slept) == 10
 
 
-def test_a_403_is_the_videos_own_only_when_other_videos_got_through_after_it(request):
+def test_one_runs_403_is_a_block_whatever_got_through_after_it(request):
+    """A block that reaches fewer videos than the threshold never trips the breaker: the
+    videos it refused are tried again next run, not lost."""
     gate, clock = _gate(request.node.name, ["direct"])
-    before = gate.admit()
-    clock.now += 1
     ticket = gate.admit()
     gate.refused(ticket, "forbidden", strong=False)
     at = clock.now
-    assert gate.forbidden_kind(ticket, at) == ErrorKind.BLOCKED  # nothing to compare with yet
-    clock.now += 1
-    # A download let through before the 403 that ends after it may have sent every request
-    # before it: no evidence that the site still served.
-    gate.succeeded(before)
+    for _ in range(3):
+        clock.now += 1
+        gate.succeeded(gate.admit())
     assert gate.forbidden_kind(ticket, at) == ErrorKind.BLOCKED
+
+
+def test_a_403_again_in_a_later_run_is_the_videos_own_only_when_other_videos_got_through_after_it(request):
+    gate, clock = _gate(request.node.name, ["direct"])
+    before = gate.admit()
+    clock.now += 1
+    earlier = clock.now  # the earlier run's 403 of the video, taken as a block
+    clock.now += 100
+    ticket = gate.admit()
+    gate.refused(ticket, "forbidden", strong=False)
+    at = clock.now
+    assert gate.forbidden_kind(ticket, at, earlier) == ErrorKind.BLOCKED  # nothing to compare with yet
+    clock.now += 1
+    # A download let through before the 403s that ends after them may have sent every request
+    # before them: no evidence that the site still served.
+    gate.succeeded(before)
+    assert gate.forbidden_kind(ticket, at, earlier) == ErrorKind.BLOCKED
     gate.succeeded(gate.admit())
-    assert gate.forbidden_kind(ticket, at) == ErrorKind.PERMANENT
-    later = gate.admit()  # successes before it say nothing: the block may start with it
-    assert gate.forbidden_kind(later, clock.now + 1) == ErrorKind.BLOCKED
+    assert gate.forbidden_kind(ticket, at, earlier) == ErrorKind.PERMANENT
     # The same 403 when 403s of other videos trip the egress after it is a block, whatever
     # got through once the pause was over.
     again = gate.admit()
@@ -156,7 +169,7 @@ def test_a_403_is_the_videos_own_only_when_other_videos_got_through_after_it(req
         gate.refused(gate.admit(), video, strong=False)
     gate.succeeded(gate.admit())
     assert sum(clock.slept) == 10
-    assert gate.forbidden_kind(again, at) == ErrorKind.BLOCKED
+    assert gate.forbidden_kind(again, at, earlier) == ErrorKind.BLOCKED
 
 
 def test_a_403_again_in_a_later_run_with_downloads_in_between_is_the_videos_own(request):
