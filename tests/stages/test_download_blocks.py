@@ -1,8 +1,9 @@
 """Downloads against a local site that blocks the session (every request refused with 429 or
 403 for a while after some requests), one page that is always 403, media whose signed URL
 expires, captions that 404 or do not parse, and a blocked proxy: no video is lost to a block,
-the always-403 page ends permanent once a second run meets its 403 again, a block past max_block_s stops the stage with the rest left
-to do, and a failing caption track fails alone. Real yt-dlp, real HTTP, the runner in-process."""
+the always-403 page ends permanent once a second run meets its 403 again, a block past
+max_block_s stops the stage with the rest left to do, and a failing caption track fails alone.
+Real yt-dlp, real HTTP, the runner in-process."""
 
 from __future__ import annotations
 
