@@ -4,7 +4,6 @@ it is sharded, and a later stage that needs it downloads it again."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections import Counter
@@ -13,44 +12,16 @@ from pathlib import Path
 import pytest
 
 from conftest import require_binaries
+from sitekit import copy_site, spread_pages
 from flows.build import run_build
 from pipeline.config import parse_config
-from pipeline.corpus.partitions import index_of
 from pipeline.demo import serve_demo
-from pipeline.discover import id_for_url
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
-from pipeline.ids import video_id
 
 pytestmark = pytest.mark.slow
 VIDEOS = 4
 PARTITIONS = 2
-
-
-def _site(demo_corpus, tmp_path: Path) -> Path:
-    """A copy of the demo site, whose two tours ``_pages`` serves under more page names."""
-    _, site = demo_corpus
-    copy = tmp_path / "site"
-    shutil.copytree(site, copy)
-    return copy
-
-
-def _pages(site: Path, base: str) -> list[str]:
-    """The URLs of VIDEOS pages of the two tours, VIDEOS // PARTITIONS in each partition: a
-    video's partition hashes its id, which holds its URL (the server's port too), so the page
-    names are picked for the port, that every partition has media whose bound can be seen."""
-    per: Counter[int] = Counter()
-    urls: list[str] = []
-    for i in range(1000):
-        url = f"{base}pages/copy-{i}.html"
-        partition = index_of(video_id(*id_for_url(url)), PARTITIONS)
-        if per[partition] < VIDEOS // PARTITIONS:
-            shutil.copy(site / "pages" / f"tour-{len(urls) % 2}.html", site / "pages" / f"copy-{i}.html")
-            per[partition] += 1
-            urls.append(url)
-        if len(urls) == VIDEOS:
-            return urls
-    raise AssertionError(f"no {VIDEOS} page names fill {PARTITIONS} partitions evenly")
 
 
 def _config(urls: list[str], extractors: list[str]):
@@ -92,10 +63,10 @@ class _MediaWatch:
 def test_pipelined_build_bounds_media_and_downloads_again_when_needed(demo_corpus, tmp_path,
                                                                       prefect_server):
     require_binaries("ffmpeg", "ffprobe")
-    site = _site(demo_corpus, tmp_path)
+    site = copy_site(demo_corpus, tmp_path)
     root = tmp_path / "corpus"
     with serve_demo(site) as base:
-        urls = _pages(site, base)
+        urls = spread_pages(site, base, VIDEOS, PARTITIONS)
         with _MediaWatch(root / "media") as watch:
             first = run_build(_config(urls, ["resnet34"]), root=str(root), until="shard")
         corpus = Corpus(str(root))

@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, dask_cluster, require_binaries
+from sitekit import copy_site, spread_pages
 from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.demo import serve_demo
@@ -264,13 +265,14 @@ def test_dask_worker_killed_mid_task_build_completes(demo_corpus, tmp_path, pref
     require_binaries("ffmpeg", "ffprobe")
     from flows.build import run_build
 
-    _, site = demo_corpus
+    site = copy_site(demo_corpus, tmp_path)
     count = tally("fault points", "tried", "mismatched rebuilds")
     with dask_cluster(tmp_path, [("victim", []), ("survivor", [])]) as (address, workers), \
             serve_demo(site) as base:
         cfg = parse_config({
             "name": "workerkill",
-            "sources": [{"type": "urls", "urls": [f"{base}pages/tour-{i}.html" for i in range(2)]}],
+            # One tour in each partition, whatever the port.
+            "sources": [{"type": "urls", "urls": spread_pages(site, base, 2, 2)}],
             "transcribe": {"prefer": ["manual"]},
             "features": {"extractors": [{"name": "resnet34", "fps": 2, "weights": "none"}],
                          "clips_per_commit": 1},
