@@ -45,7 +45,7 @@ from pipeline.config import Config, config_hash, dump_config, load_config
 from pipeline.download import limits
 from pipeline.errors import SetupError
 from pipeline.compose.health import assess
-from pipeline.graph import AFTER_TRAIN, ORDER, SPECS, build_stages, check_name, stages_until
+from pipeline.graph import AFTER_TRAIN, ORDER, SPECS, check_name, stages_until
 from pipeline.corpus.rootlock import Holder, root_lock
 from pipeline.runner import run_step
 from pipeline.score.stage import unavailable as score_unavailable
@@ -222,8 +222,7 @@ def run_build(
     chosen = cfg.corpus_root(root)
     # Before the cluster or any download: what the stages need is there.
     check_build(cfg, until, stage)
-    stages = build_stages(until, stage)
-    with root_lock(chosen, **_lock_owner()), build_services(cfg, chosen, dask_address, stages) as address:
+    with root_lock(chosen, **_lock_owner()), build_services(cfg, chosen, dask_address) as address:
         runner = DaskTaskRunner(address=address)
         if stage is None:
             summary = build_corpus.with_options(task_runner=runner)(cfg, root=chosen, until=until,

@@ -6,10 +6,9 @@ process: by the time a build starts its workers, its checks have loaded models t
 model with CTranslate2's thread pool, torch with CUDA, a gRPC channel), and native state does not
 survive a fork. A forked worker inherited the Whisper model without its pool's threads and hung in
 its first transcription; CUDA refuses a process forked after it started. A new interpreter holds
-only what ``flows.worker_start`` imports, and the extractors' libraries for a build that
-featurizes (modules, no model, no thread: tests/flows/test_fork_server.py checks), so what any
-library a check loads does stays in the build's process. The server imports these once, where
-spawned workers would import them once each (the flows 1.5 to 2 CPU-s, torch and torchvision 3).
+only what ``flows.worker_start`` imports (modules, no model, no thread: tests/flows/test_fork_server.py
+checks), so what any library a check loads does stays in the build's process. The server imports
+the flows once, where spawned workers would import them once each (1.5 to 2 CPU-s each).
 
 The fork server has the environment of the build's process when it starts (the workers get the
 build's environment of the moment from their nanny), and its standard error is relayed to the
@@ -21,12 +20,11 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import forkserver
 
 from pipeline.config import Config
-from pipeline.graph import ORDER
 
 # The module whose import readies a worker process (a Dask preload).
 WORKER_START = "flows.worker_start"
@@ -35,24 +33,12 @@ _depth = [0]
 _running = [False]
 
 
-def preloads(cfg: Config, stages: Iterable[str]) -> list[str]:
-    """What the fork server imports beside the flows for a build that runs ``stages``: the
-    feature extractors' libraries when it featurizes. Each worker process that featurizes
-    would otherwise import torch and torchvision itself (about 3 CPU-s; transformers for a
-    text extractor, 0.7 more); imports alone start no thread and touch no GPU."""
-    if "featurize" not in stages or not cfg.features.extractors:
-        return []
-    text = any(e.is_text for e in cfg.features.extractors)
-    return ["pipeline.features.extract", *(["transformers"] if text else [])]
-
-
-def start(preload: Sequence[str] = ()) -> None:
-    """Start the fork server now if it is not running, importing the flows and ``preload``:
-    the command line starts it as soon as it has read the config, so that these imports
-    overlap the build's checks and its own imports."""
+def start() -> None:
+    """Start the fork server now if it is not running: the command line starts it first thing,
+    so that its import of the flows overlaps the build's checks and its own imports."""
     if _running[0]:
         return
-    forkserver.set_forkserver_preload([WORKER_START, *preload])
+    forkserver.set_forkserver_preload([WORKER_START])
     # Its standard error (and so its workers') is a pipe that this process copies to its own
     # standard error, whatever that is by then: the build's log file, opened after the checks.
     read, write = os.pipe()
@@ -83,12 +69,12 @@ def _relay(read: int) -> None:
 
 
 @contextmanager
-def fork_server(preload: Sequence[str] = ()) -> Iterator[None]:
+def fork_server() -> Iterator[None]:
     """A fork server running until the outermost of these blocks ends, and Dask set to start
     worker processes from it."""
     import dask
 
-    start(preload)
+    start()
     _depth[0] += 1
     try:
         with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
@@ -105,13 +91,11 @@ def cluster_address(cfg: Config, dask_address: str | None = None) -> str | None:
 
 
 @contextmanager
-def local_workers(cfg: Config, root: str, dask_address: str | None = None,
-                  stages: Iterable[str] = ORDER) -> Iterator[None]:
+def local_workers(cfg: Config, root: str, dask_address: str | None = None) -> Iterator[None]:
     """The fork server of a local cluster's worker processes, when the build will start one
-    (none on a given cluster, or for an in-memory root, whose workers are threads), for a
-    build that runs ``stages``."""
+    (none on a given cluster, or for an in-memory root, whose workers are threads)."""
     if cluster_address(cfg, dask_address) is None and not root.startswith("memory://"):
-        with fork_server(preloads(cfg, stages)):
+        with fork_server():
             yield
     else:
         stop()  # one the command line started before it knew

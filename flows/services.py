@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from contextlib import ExitStack, contextmanager
 
@@ -23,7 +23,6 @@ from flows.fork_server import WORKER_START, cluster_address, local_workers
 from flows.temporary_server import TemporaryServer
 from pipeline.config import Config
 from pipeline.errors import SetupError
-from pipeline.graph import ORDER
 from pipeline.media.decode_pool import DECODE_WORKERS_ENV
 from pipeline.compose.stages import gpu_stages
 
@@ -110,10 +109,8 @@ def use_api(api_url: str) -> Iterator[None]:
 
 
 @contextmanager
-def build_services(cfg: Config, root: str, dask_address: str | None = None,
-                   stages: Iterable[str] = ORDER) -> Iterator[str]:
-    """A Prefect API and a Dask cluster for a build that runs ``stages``; yields the
-    scheduler's address."""
+def build_services(cfg: Config, root: str, dask_address: str | None = None) -> Iterator[str]:
+    """A Prefect API and a Dask cluster for a build; yields the scheduler's address."""
     with ExitStack() as stack:
         server_up = stack.enter_context(prefect_server())
         address = cluster_address(cfg, dask_address)
@@ -127,7 +124,7 @@ def build_services(cfg: Config, root: str, dask_address: str | None = None,
             # Workers see this process's environment as it is now (the server's address among
             # it), as spawned ones would: the fork server they come from may be older.
             workers = {"preload": PRELOAD, "env": dict(os.environ)} if processes else {}
-            stack.enter_context(local_workers(cfg, root, dask_address, stages))
+            stack.enter_context(local_workers(cfg, root, dask_address))
             # Dask's statistical profiler samples every worker thread 100 times a second, for a
             # dashboard the local cluster does not start.
             stack.enter_context(dask.config.set({"distributed.worker.profile.enabled": False}))

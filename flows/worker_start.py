@@ -19,17 +19,7 @@ gc.enable()
 
 def dask_setup(worker: object) -> None:
     """Prefect read its settings when the fork server imported it; the worker's environment
-    (the build's, from its nanny: the Prefect server's address among it) is newer. So is its
-    OMP_NUM_THREADS (Dask's nanny sets 1 unless the environment says otherwise), which torch's
-    OpenMP read when the fork server imported it for a build that featurizes."""
-    import os
-    import sys
-
+    (the build's, from its nanny: the Prefect server's address among it) is newer."""
     from prefect.context import refresh_global_settings_context
 
     refresh_global_settings_context()
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
-        import torch
-
-        torch.set_num_threads(int(threads))

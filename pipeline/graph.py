@@ -100,8 +100,3 @@ def stages_until(until: str | None) -> list[str]:
     if until is None:
         return list(ORDER)
     return list(ORDER[: ORDER.index(check_name(until)) + 1])
-
-
-def build_stages(until: str | None, stage: str | None) -> list[str]:
-    """The stages a build runs: ``stage`` alone (its flow), or every stage up to ``until``."""
-    return [check_name(stage)] if stage else stages_until(until)

@@ -83,7 +83,7 @@ def main(libraries: list[str], workdir: Path) -> None:
     faulthandler.dump_traceback_later(BOUND_S, exit=True)
     from distributed import Client, LocalCluster
 
-    from flows.fork_server import WORKER_START, fork_server, preloads
+    from flows.fork_server import WORKER_START, fork_server
     from pipeline.config import parse_config
     from pipeline.compose.stages import check_build
 
@@ -108,27 +108,14 @@ def main(libraries: list[str], workdir: Path) -> None:
         faulthandler.dump_traceback_later(BOUND_S, exit=True)
         check_build(parse_config(config), until="featurize")
     faulthandler.dump_traceback_later(BOUND_S, exit=True)
-    # The fork server imports what a build of these configs has it import (torch, transformers).
-    preload = sorted({m for config in configs.values() for m in preloads(parse_config(config), ["featurize"])})
-    # The worker's OMP_NUM_THREADS (its nanny's) differs from the fork server's (this process's).
-    with fork_server(preload), LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
-                                            preload=[WORKER_START], env={"OMP_NUM_THREADS": "3"}) as cluster, \
-            Client(cluster) as client:
-        threads = client.submit(_torch_threads, pure=False).result(timeout=BOUND_S) if "torch" in libraries else None
+    with fork_server(), LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                     preload=[WORKER_START]) as cluster, Client(cluster) as client:
         there = {library: _result(lambda library=library: client.submit(
             use, library, configs[library], wav, pure=False).result(timeout=BOUND_S)) for library in libraries}
     here = {library: _result(lambda library=library: use(library, configs[library], wav)) for library in libraries}
     if server is not None:
         server.stop(grace=None)
-    print(json.dumps({library: {"here": here[library], "there": there[library]} for library in libraries}
-                     | {"worker_torch_threads": threads}))
-
-
-def _torch_threads() -> int:
-    """The OpenMP threads of torch in a worker, before any task set them."""
-    import torch
-
-    return torch.get_num_threads()
+    print(json.dumps({library: {"here": here[library], "there": there[library]} for library in libraries}))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pipeline.cli.common import JsonLogs, Quiet, _emit, _error, _logging, app, c
 from pipeline.cli.stopping import stops_on_signals
 from pipeline.config import ConfigError, load_config
 from pipeline.errors import SetupError
-from pipeline.graph import ORDER, build_stages, check_name
+from pipeline.graph import ORDER, check_name
 from pipeline.progress import LogFormat, logs_to_file
 from pipeline.corpus.storage import Corpus, LayoutError
 
@@ -61,17 +61,19 @@ def _build(config: Path, root: str | None, until: str | None, dask_address: str 
     from flows.temporary_server import early_server
 
     # First thing: starting the server is the longest part of a build's set-up, and the
-    # workers' fork server's imports (the flows, the extractors' libraries) the next longest.
+    # workers' fork server's import of the flows the next longest.
     server = early_server()
+    if dask_address is None:
+        fork_server.start()
     mode = _logging(quiet, json_logs)
     try:
         cfg = load_config(config)
         cfg.corpus_root(root)
+        for name in (until, stage):
+            if name is not None:
+                check_name(name)
         if until is not None and stage is not None:
             raise ValueError("--until and --stage exclude each other")
-        stages = build_stages(until, stage)
-        if dask_address is None:
-            fork_server.start(fork_server.preloads(cfg, stages))
         # What the stages need, before Prefect is imported: a refusal comes in a second.
         from pipeline.compose.stages import check_build
 
@@ -84,7 +86,7 @@ def _build(config: Path, root: str | None, until: str | None, dask_address: str 
         raise typer.Exit(2) from None
     try:
         with _build_output(mode, verbose, cfg.corpus_root(root)), \
-                fork_server.local_workers(cfg, cfg.corpus_root(root), dask_address, stages):
+                fork_server.local_workers(cfg, cfg.corpus_root(root), dask_address):
             from flows.services import prefect_server
 
             with prefect_server(server):

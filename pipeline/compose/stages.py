@@ -19,7 +19,7 @@ from pipeline.transcribe import stage as transcribe
 from pipeline.download import stage as download
 from pipeline.corpus import retention
 from pipeline.config import Config
-from pipeline.graph import build_stages, check_name
+from pipeline.graph import check_name, stages_until
 from pipeline.progress import log
 from pipeline.runner import RetryPolicy, Stage, StageContext, Step, run_stage, run_step
 from pipeline.setup import check_stages, require_package
@@ -83,7 +83,8 @@ def check_build(cfg: Config, until: str | None = None, stage: str | None = None)
     any work: the first problem raises a SetupError that says what to do. Models the build
     will download on first use are logged, once per process (the command line checks before
     the flow checks again)."""
-    for note in check_stages(cfg, [part for name in build_stages(until, stage) for part in parts(name, cfg)]):
+    names = [stage] if stage else stages_until(until)
+    for note in check_stages(cfg, [part for name in names for part in parts(name, cfg)]):
         if note not in _NOTED:
             _NOTED.add(note)
             log.info("%s", note)
