@@ -3,36 +3,57 @@ against a local site that blocks the session.
 
 - A pause set by another build (here: the test, through the same Prefect variables) holds every
   worker process of a build until it is over.
-- 101 videos, a block in the middle (every request answered 403 for a while, which alone could
-  be 101 videos' own 403s), one page that is always 403, captions that 404: after the build and
-  one rerun every video is downloaded, none failed for good because of the block, and the
-  always-403 page, refused in both runs, is permanent. The figures land in the session's tally line.
+- 101 videos, built twice with `vlcorpus build --until download` as typed; a block in the
+  middle (every request answered 403 for a while, which alone could be 101 videos' own 403s),
+  one page that is always 403, captions that 404: after the build and one rerun every video is
+  downloaded, none failed for good because of the block, and the always-403 page, refused in
+  both runs, is permanent. The figures land in the session's tally line.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import require_binaries
 from flakyserver import Block, flaky_server, tiny_mp4
 from flows.build import run_build
 from pipeline.download.breaker import Policy, refused
 from pipeline.config import parse_config
+from pipeline.corpus.partitions import index_of
 from pipeline.corpus.storage import Corpus
+from pipeline.discover import id_for_url
+from pipeline.ids import video_id
 from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 
+VLCORPUS = str(Path(sys.executable).with_name("vlcorpus"))
+PARTITIONS = 4
 
-def _config(name: str, urls: list[str], download: dict, execution: dict):
-    return parse_config({
+
+def _config(name: str, urls: list[str], download: dict, execution: dict) -> dict:
+    return {
         "name": name, "sources": [{"type": "urls", "urls": urls}],
         "download": {"concurrency_limit": name, "per_host": None, **download},
         "execution": {"retry_backoff_s": 0.1, **execution},
-    })
+    }
+
+
+def _build(config: Path, root: Path) -> dict:
+    """`vlcorpus build CONFIG --until download --json` as typed, in a shell whose Prefect API is
+    the test's server (the breaker's state lives there); the build's summary."""
+    done = subprocess.run([VLCORPUS, "build", str(config), "--root", str(root), "--until", "download", "--json"],
+                          cwd=config.parent, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_a_pause_holds_every_worker_process_of_a_build(tmp_path, prefect_server):
@@ -69,9 +90,9 @@ def test_a_pause_holds_every_worker_process_of_a_build(tmp_path, prefect_server)
 
     with flaky_server(media, p429=0, pdrop=0) as (base, stats):
         # Six videos in four partitions: the download tasks of two partitions at once.
-        cfg = _config("test-pause", [f"{base}/v/{i:02d}.html" for i in range(6)],
-                      {"concurrency": 2, "rate_limit": None},
-                      {"batch_size": 1, "n_workers": 2, "threads_per_worker": 1, "partitions": 4})
+        cfg = parse_config(_config("test-pause", [f"{base}/v/{i:02d}.html" for i in range(6)],
+                                   {"concurrency": 2, "rate_limit": None},
+                                   {"batch_size": 1, "n_workers": 2, "threads_per_worker": 1, "partitions": 4}))
         lifter = threading.Thread(target=lift_once_both_workers_wait, daemon=True)
         lifter.start()
         summary = run_build(cfg, root=str(tmp_path / "corpus"), until="download")
@@ -83,16 +104,28 @@ def test_a_pause_holds_every_worker_process_of_a_build(tmp_path, prefect_server)
     assert report["figures"]["paused_s"] > 0
 
 
+def _early_forbidden(base: str) -> str:
+    """The always-403 page's name, picked for the port so that it falls in the first partition,
+    among its first videos: other videos download after its 403 in the first run, the evidence
+    that makes its second 403 its own. (A video id hashes its URL, port included; the last video
+    of a run has nothing after it, and its 403 stays a block.)"""
+    for k in range(1000):
+        stem = f"010-forbidden-{k}"
+        if index_of(video_id(*id_for_url(f"{base}/v/{stem}.html")), PARTITIONS) == 0:
+            return stem
+    raise AssertionError("no page name falls in the first partition")
+
+
 def test_a_block_in_the_middle_of_101_videos_loses_none(tmp_path, prefect_server, tally):
     require_binaries("ffmpeg", "ffprobe")
     media = tiny_mp4(tmp_path / "tiny.mp4")
     stems = [f"{i:03d}" + ("-cap404" if i % 25 == 7 else "") for i in range(100)]
-    stems.insert(10, "010-forbidden")
     # ~4 requests a video (page, two caption tracks, media): the block begins near video 40,
     # and reaches at least 4 videos however few requests a loaded machine sends in its 20 s.
     block = Block(after=160, seconds=20.0, code=403, videos=4)
     root = tmp_path / "corpus"
     with flaky_server(media, p429=0, pdrop=0, block=block) as (base, stats):
+        stems.insert(10, _early_forbidden(base))
         cfg = _config("test-block-101", [f"{base}/v/{stem}.html" for stem in stems],
                       # A window shorter than the downloads left after the block: refusals of
                       # the block still in the window when the rerun's always-403 page is
@@ -100,9 +133,11 @@ def test_a_block_in_the_middle_of_101_videos_loses_none(tmp_path, prefect_server
                       {"concurrency": 4, "rate_limit": 600, "subtitle_langs": ["en", "en-auto"],
                        "block_threshold": 3, "block_window_s": 15, "block_cooldown_s": 1,
                        "block_cooldown_max_s": 4},
-                      {"batch_size": 10, "n_workers": 2, "threads_per_worker": 2})
-        first = run_build(cfg, root=str(root), until="download")["stages"]["download"]
-        second = run_build(cfg, root=str(root), until="download")["stages"]["download"]
+                      {"batch_size": 10, "n_workers": 2, "threads_per_worker": 2, "partitions": PARTITIONS})
+        config = tmp_path / "block.yaml"
+        config.write_text(yaml.safe_dump(cfg))
+        first = _build(config, root)["stages"]["download"]
+        second = _build(config, root)["stages"]["download"]
     corpus = Corpus(str(root))
     errors = corpus.read("errors").to_pylist()
     forbidden = {v for v in corpus.done("videos") if "forbidden" in v}
