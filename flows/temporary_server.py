@@ -1,8 +1,9 @@
 """Prefect's temporary local server as a child process, started without importing Prefect.
 
 Its start is the longest part of a small build's set-up (importing the server is about 2.5
-CPU-s), so the CLI starts it first thing, before it imports Prefect to find out whether a
-server is configured (``flows.services.prefect_server`` stops it again if one is).
+CPU-s), so ``vlcorpus build`` starts it as soon as the config holds, before it checks the stages
+and imports Prefect to find out whether a server is configured
+(``flows.services.prefect_server`` stops it again if one is).
 
 Each server has a database of its own, deleted when it stops: a copy of an empty one that the
 first server of this Prefect version migrated (migrating takes about 7 s). Prefect's own
@@ -12,7 +13,6 @@ megabytes a build, and each start of the server slowed with it."""
 from __future__ import annotations
 
 import atexit
-import gc
 import importlib.metadata
 import os
 import shutil
@@ -27,6 +27,8 @@ import time
 import urllib.request
 from contextlib import closing, suppress
 from pathlib import Path
+
+from pipeline.gc_pause import collector_paused
 
 # Seconds the temporary server may take to come up: Prefect's default (20) fails builds on a
 # busy machine, where importing the server and migrating its database take longer.
@@ -106,23 +108,10 @@ class TemporaryServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-_early: list[TemporaryServer] = []
-
-
-def start_early() -> None:
-    """Start the server that ``early_server`` will return, as soon as the process starts."""
-    server = early_server()
-    if server is not None:
-        _early.append(server)
-
-
-def early_server() -> TemporaryServer | None:
-    """A temporary server for a build that will most likely need one: the one ``start_early``
-    started, or one started now; none when ``PREFECT_API_URL`` is in the environment (a
-    Prefect worker's flow runs, a configured shell). A profile can name a server too, which
-    only Prefect's settings tell: ``flows.services.prefect_server`` stops it then."""
-    if _early:
-        return _early.pop()
+def server_unless_configured() -> TemporaryServer | None:
+    """A temporary server for a build, started now; none when ``PREFECT_API_URL`` is in the
+    environment (a Prefect worker's flow runs, a configured shell). A profile can name a server
+    too, which only Prefect's settings tell: ``flows.services.prefect_server`` stops it then."""
     return None if os.environ.get("PREFECT_API_URL") else TemporaryServer()
 
 
@@ -154,23 +143,19 @@ def _keep_template(database: str) -> None:
 
 
 def _app() -> object:
-    """Prefect's server app, made with the garbage collector off (``_serve``); the objects the
-    imports made are then frozen out of later collections."""
-    from prefect.server.api.server import create_app
+    """Prefect's server app, its imports and making with the garbage collector paused
+    (pipeline/gc_pause.py: its passes were a fifth of the server's start, 0.7 of 3.3 CPU-s)."""
+    with collector_paused():
+        from prefect.server.api.server import create_app
 
-    app = create_app()
-    gc.freeze()
-    gc.enable()
-    return app
+        return create_app()
 
 
 def _serve(where: str) -> None:
     """Serve on ``where``: a port, or ``fd:N``, a socket bound for this process by its parent."""
-    # Importing the server makes millions of objects and next to no garbage: the collector's
-    # passes over them were a fifth of the server's start (0.7 of 3.3 CPU-s).
-    gc.disable()
     threading.Thread(target=_stop_with_parent, args=(os.getppid(),), daemon=True).start()
-    import uvicorn
+    with collector_paused():
+        import uvicorn
 
     if where.startswith("fd:"):
         # uvicorn's fd= path, whose socket.fromfd takes the family from the descriptor (TCP).

@@ -1,20 +1,17 @@
 """What a build's Dask worker process imports when it starts (a Dask preload, imported once by
-the fork server the workers come from): the flows, with the garbage collector off while they
-load (importing them makes a million objects and next to no garbage: the collector's passes
-were a quarter of the import), and yt-dlp's URL patterns compiled (each worker compiled them
-again when it first downloaded)."""
+the fork server the workers come from): the flows, with the garbage collector paused while they
+load (pipeline/gc_pause.py: its passes were a quarter of the import), and yt-dlp's URL patterns
+compiled (each worker compiled them again when it first downloaded)."""
 
 from __future__ import annotations
 
-import gc
+from pipeline.gc_pause import collector_paused
 
-gc.disable()
-import flows.build  # noqa: E402,F401
-from pipeline.download.ytdlp import compile_url_patterns  # noqa: E402
+with collector_paused():
+    import flows.build  # noqa: F401
+    from pipeline.download.ytdlp import compile_url_patterns
 
-compile_url_patterns()
-gc.freeze()
-gc.enable()
+    compile_url_patterns()
 
 
 def dask_setup(worker: object) -> None:

@@ -1,7 +1,5 @@
-"""The ``vlcorpus`` script, outside ``pipeline.cli`` so that it starts without importing the
-command line (about 0.5 s). For ``build`` it starts Prefect's temporary server before that:
-that server's start is the longest part of a small build's set-up, and the build adopts it
-(or stops it, when a server is configured)."""
+"""The ``vlcorpus`` script: the command line imported with the garbage collector paused
+(pipeline/gc_pause.py), and a process that ends as soon as its command has."""
 
 from __future__ import annotations
 
@@ -10,17 +8,16 @@ import logging
 import os
 import sys
 
+from pipeline.gc_pause import collector_paused
+
 
 def main() -> None:
     # Registered first, so it runs after every other exit handler: then the interpreter would
     # only free the modules and objects of the command, half a second after a build.
     code: list[int] = [0]
     atexit.register(_exit_now, code)
-    if sys.argv[1:2] == ["build"]:
-        from flows.temporary_server import start_early
-
-        start_early()
-    from pipeline.cli import app
+    with collector_paused():
+        from pipeline.cli import app
 
     try:
         app()

@@ -37,6 +37,19 @@ os.environ.setdefault("VLCORPUS_OFFLINE", "1")
 # it waits for a busy core (a featurize stage: 9.1 CPU-s with 2 threads, 4.4 with one).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from pipeline.gc_pause import collector_paused  # noqa: E402  (after the environment above)
+
+# Collection imports every test module and its libraries with the garbage collector paused
+# until the tests start (pipeline/gc_pause.py): 18 CPU-s a worker process with it running, 13
+# paused.
+_COLLECTING = collector_paused()
+_COLLECTING.__enter__()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    _COLLECTING.__exit__(None, None, None)
+
 
 @pytest.fixture
 def memory_root() -> str:

@@ -12,6 +12,7 @@ import typer
 
 from pipeline.cli.common import JsonLogs, Quiet, _emit, _error, _logging, app, console
 from pipeline.cli.stopping import stops_on_signals
+from pipeline.gc_pause import collector_paused
 from pipeline.config import ConfigError, load_config
 from pipeline.errors import SetupError
 from pipeline.graph import ORDER, check_name
@@ -58,13 +59,8 @@ def build(
 def _build(config: Path, root: str | None, until: str | None, dask_address: str | None, retry_failed: bool,
            stage: str | None, quiet: bool, json_logs: bool, verbose: bool) -> None:
     from flows import fork_server
-    from flows.temporary_server import early_server
+    from flows.temporary_server import server_unless_configured
 
-    # First thing: starting the server is the longest part of a build's set-up, and the
-    # workers' fork server's import of the flows the next longest.
-    server = early_server()
-    if dask_address is None:
-        fork_server.start()
     mode = _logging(quiet, json_logs)
     try:
         cfg = load_config(config)
@@ -74,11 +70,22 @@ def _build(config: Path, root: str | None, until: str | None, dask_address: str 
                 check_name(name)
         if until is not None and stage is not None:
             raise ValueError("--until and --stage exclude each other")
-        # What the stages need, before Prefect is imported: a refusal comes in a second.
-        from pipeline.compose.stages import check_build
+    except (ConfigError, ValueError) as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
+    # A config that holds: Prefect's server and the workers' fork server start now, the two
+    # longest parts of a build's set-up, while this process checks what the stages need.
+    server = server_unless_configured()
+    if dask_address is None:
+        fork_server.start()
+    try:
+        # Before Prefect is imported: a refusal comes in a second or two. The checks import
+        # the stages' libraries (torch, faster-whisper) with the collector paused.
+        with collector_paused():
+            from pipeline.compose.stages import check_build
 
-        check_build(cfg, until, stage)
-    except (ConfigError, ValueError, SetupError) as exc:
+            check_build(cfg, until, stage)
+    except SetupError as exc:
         if server is not None:
             server.stop()
         fork_server.stop()
@@ -87,10 +94,12 @@ def _build(config: Path, root: str | None, until: str | None, dask_address: str 
     try:
         with _build_output(mode, verbose, cfg.corpus_root(root)), \
                 fork_server.local_workers(cfg, cfg.corpus_root(root), dask_address):
-            from flows.services import prefect_server
+            with collector_paused():
+                from flows.services import prefect_server
 
             with prefect_server(server):
-                from flows.build import run_build
+                with collector_paused():
+                    from flows.build import run_build
 
                 summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
                                     retry_failed=retry_failed, stage=stage)
