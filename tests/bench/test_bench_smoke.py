@@ -31,7 +31,7 @@ QUICK = {
 SLOW = {
     "bounded_disk": (["--videos", "2", "--seconds", "6", "--partitions", "2", "--inflight", "1",
                       "--rate", "50"], '"failed": []'),
-    "build": (["--sizes", "2", "--demo-videos", "2"], "flow peak RSS MB"),
+    "build": (["--sizes", "1", "--demo-videos", "1"], "flow peak RSS MB"),
     "download": (["--pages", "2", "--videos", "1"], "vs c=1"),
     "featurize": (["--videos", "2", "--seconds", "4", "--extractors", "resnet34", "--batch", "4",
                    "--size", "320x240", "--crop", "64", "--sweep", "1"], "(f) whole stage, decode cpu"),
