@@ -40,8 +40,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from pipeline.gc_pause import collector_paused  # noqa: E402  (after the environment above)
 
 # Collection imports every test module and its libraries with the garbage collector paused
-# until the tests start (pipeline/gc_pause.py): 18 CPU-s a worker process with it running, 13
-# paused.
+# until the tests start (pipeline/gc_pause.py): 13-14 CPU-s a worker process with it running,
+# 7.5 paused.
 _COLLECTING = collector_paused()
 _COLLECTING.__enter__()
 
