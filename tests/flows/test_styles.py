@@ -80,7 +80,7 @@ def _build(config: Path, root: Path, timeout_s: float = BUILD_TIMEOUT_S) -> floa
     Its output goes to files, not pipes: a full pipe cannot block the stacks' dump, and the
     processes it started cannot hold the test waiting for the pipes to close."""
     timeout_s = float(os.environ.get("VLCORPUS_TEST_BUILD_TIMEOUT_S", timeout_s))
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PREFECT_HOME": str(config.parent / "prefect-home")}
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     stdout, stderr = config.parent / "build.out", config.parent / "build.err"
     started = time.monotonic()
     with open(stdout, "w") as out, open(stderr, "w") as err:
