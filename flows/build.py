@@ -214,14 +214,17 @@ def run_build(
     dask_address: str | None = None,
     retry_failed: bool = False,
     stage: str | None = None,
+    checked: bool = False,
 ) -> dict[str, Any]:
     """Entry point for the CLI and tests: ``build_corpus``, or the flow of one ``stage`` alone,
     on the chosen Dask task runner; returns the corpus summary with the stages' reports and
-    the build's health (the config's health section)."""
+    the build's health (the config's health section). ``checked``: the caller ran
+    ``check_build`` for these arguments already (the command line, before importing Prefect)."""
     cfg = resolve_config(config)
     chosen = cfg.corpus_root(root)
     # Before the cluster or any download: what the stages need is there.
-    check_build(cfg, until, stage)
+    if not checked:
+        check_build(cfg, until, stage)
     with root_lock(chosen, **_lock_owner()), build_services(cfg, chosen, dask_address) as address:
         runner = DaskTaskRunner(address=address)
         if stage is None:

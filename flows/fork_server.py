@@ -34,8 +34,9 @@ _running = [False]
 
 
 def start() -> None:
-    """Start the fork server now if it is not running: the command line starts it first thing,
-    so that its import of the flows overlaps the build's checks and its own imports."""
+    """Start the fork server now if it is not running: the command line starts it as soon as
+    the config holds, so that its import of the flows overlaps the build's checks and its own
+    imports."""
     if _running[0]:
         return
     forkserver.set_forkserver_preload([WORKER_START])

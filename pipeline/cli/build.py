@@ -102,7 +102,7 @@ def _build(config: Path, root: str | None, until: str | None, dask_address: str 
                     from flows.build import run_build
 
                 summary = run_build(cfg, root=root, until=until, dask_address=dask_address,
-                                    retry_failed=retry_failed, stage=stage)
+                                    retry_failed=retry_failed, stage=stage, checked=True)
     except (SetupError, LayoutError) as exc:
         _error(exc)
         raise typer.Exit(2) from None

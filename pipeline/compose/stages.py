@@ -81,8 +81,8 @@ def gpu_stages(cfg: Config) -> set[str]:
 def check_build(cfg: Config, until: str | None = None, stage: str | None = None) -> None:
     """What the stages a build runs need (extras, models, weights, binaries), checked before
     any work: the first problem raises a SetupError that says what to do. Models the build
-    will download on first use are logged, once per process (the command line checks before
-    the flow checks again)."""
+    will download on first use are logged, once per process (a test process builds many
+    times)."""
     names = [stage] if stage else stages_until(until)
     for note in check_stages(cfg, [part for name in names for part in parts(name, cfg)]):
         if note not in _NOTED:
