@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,9 +28,41 @@ sys.path.insert(0, str(TESTS))
 # Under pytest-xdist each worker process has one of its own: the workers inherit the
 # environment of the process that started them, whose home it is not theirs to share.
 _OWN_HOME = "VLCORPUS_TESTS_PREFECT_HOME"
-if os.environ.get("PREFECT_HOME") in (None, os.environ.get(_OWN_HOME)):
+_SESSION_HOME = os.environ.get(_OWN_HOME)  # in an xdist worker: the home of the process that started it
+if os.environ.get("PREFECT_HOME") in (None, _SESSION_HOME):
     os.environ["PREFECT_HOME"] = os.environ[_OWN_HOME] = tempfile.mkdtemp(
         prefix=f"vlcorpus-tests-prefect-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+    atexit.register(shutil.rmtree, os.environ[_OWN_HOME], ignore_errors=True)
+
+
+def _share_server_template(session_home: str) -> None:
+    """The migrated empty database of the builds' temporary Prefect servers
+    (flows/temporary_server.py), made once for the session's workers: the first worker here makes
+    it (a server started and stopped: migrating is 7 CPU-s), the others copy it into their home.
+    Runs beside collection; a build that starts before it is done makes one itself, as before."""
+    import fcntl
+
+    from flows.temporary_server import TemporaryServer, _template
+
+    own = _template()
+    shared = Path(session_home) / own.name
+    with open(shared.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shared.exists():
+            if not own.exists():
+                shutil.copyfile(shared, own)
+            return
+        if not own.exists():
+            server = TemporaryServer()
+            server.wait()
+            server.stop()
+        part = shared.with_suffix(f".{os.getpid()}.part")
+        shutil.copyfile(own, part)
+        os.replace(part, shared)
+
+
+if os.environ.get("PYTEST_XDIST_WORKER") and _SESSION_HOME and os.environ[_OWN_HOME] != _SESSION_HOME:
+    threading.Thread(target=_share_server_template, args=(_SESSION_HOME,), daemon=True).start()
 # No test reaches the real model hubs: model downloads are off, except in the processes a test
 # points at a stand-in hub on 127.0.0.1 (tests/hubkit.py, hub_env).
 os.environ.setdefault("VLCORPUS_OFFLINE", "1")
@@ -151,15 +185,6 @@ def dask_cluster(tmp_path: Path, workers: list[tuple[str, list[str]]],
             proc.terminate()
         for proc in procs:
             proc.wait(timeout=30)
-
-
-@pytest.fixture(scope="session")
-def prefect_harness():
-    """Prefect's temporary local server, once per test session."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 @pytest.fixture(scope="session")

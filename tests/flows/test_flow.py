@@ -37,7 +37,7 @@ def _config(root: str, pipelined: bool = True):
     })
 
 
-def test_build_corpus_runs_built_stages_in_order_with_until(prefect_harness, kit_stages,
+def test_build_corpus_runs_built_stages_in_order_with_until(prefect_server, kit_stages,
                                                             memory_root):
     cfg = _config(memory_root)
     corpus = Corpus(memory_root)
@@ -67,7 +67,7 @@ def _runs(client, names: dict, **query) -> list:
     return runs
 
 
-def test_each_stage_is_a_flow_and_a_build_is_a_chain_per_partition_with_work(prefect_harness, kit_stages,
+def test_each_stage_is_a_flow_and_a_build_is_a_chain_per_partition_with_work(prefect_server, kit_stages,
                                                                                memory_root):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.sorting import TaskRunSort
@@ -116,7 +116,7 @@ def test_each_stage_is_a_flow_and_a_build_is_a_chain_per_partition_with_work(pre
     assert by_name[f"download p{chain}"][1].end_time <= by_name[f"transcribe p{chain}"][1].start_time
 
 
-def test_a_build_run_publishes_its_progress_and_summary_as_artifacts(prefect_harness, kit_stages,
+def test_a_build_run_publishes_its_progress_and_summary_as_artifacts(prefect_server, kit_stages,
                                                                      memory_root):
     from prefect.client.orchestration import get_client
 

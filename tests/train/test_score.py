@@ -369,7 +369,7 @@ def test_score_summary_for_the_report(trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_build_scores_after_training_then_shards_and_reports(prefect_harness, monkeypatch, tmp_path):
+def test_a_build_scores_after_training_then_shards_and_reports(prefect_server, monkeypatch, tmp_path):
     """build_corpus as a Prefect flow on a local Dask cluster (the stages before featurize and
     the report stubbed out): train, then the score pass with the shards that waited for their
     scores, then the report, which sees the scores; a second build has nothing to do."""
