@@ -2,7 +2,7 @@
 infra/README.md as a user types them: `python infra/stack.py up` (PostgreSQL under the Prefect
 server, a process worker, `dask scheduler` and three `dask worker` processes, one with GPU=1,
 an S3 store on moto's server behind the counting proxy), `vlcorpus deploy`, `prefect deployment
-run rebuild_corpus/rebuild ... --watch` on an s3:// root, 16 videos in 4 partitions. The build
+run rebuild_corpus/rebuild ... --watch` on an s3:// root, 8 videos in 4 partitions. The build
 completes (trained and scored on the S3 root), the corpus on S3 validates, featurize ran on the
 GPU worker only, the server's log holds no database error meanwhile; after `stack.py restart
 postgres` and `stack.py kill` of a Dask worker, the deployment runs again and changes nothing;
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 sys.path.insert(0, str(ROOT / "infra"))
 sys.path.insert(0, str(ROOT / "bench"))
 BIN = Path(sys.executable).parent
-VIDEOS = 16
+VIDEOS = 8
 
 
 def _needs() -> None:
@@ -124,6 +124,8 @@ def test_a_deployment_builds_on_postgres_dask_and_s3(stack, tmp_path):
             "train": {"model": "nce", "visual": "resnet34", "text": "text:all-MiniLM-L6-v2", "embed_dim": 32,
                       "epochs": 1, "batch_size": 32},
             "score": {},
+            # Small frames: CPU featurize is not what this rehearses.
+            "frames": {"short_side": 64, "crop": 56},
             "shards": {"samples_per_shard": 16},
             "storage": {"keep_media": False},
             "execution": {"batch_size": 4, "partitions": 4, "gpu_resource": True},
