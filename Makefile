@@ -57,9 +57,11 @@ demo: venv
 # CI fails when pyproject.toml and the lock disagree, or a dependency breaks on Python 3.12.
 # The project's own bytecode first (half a CPU-second): where PYTHONDONTWRITEBYTECODE is set, as
 # on CI, each of the suite's hundreds of Python processes compiled every module it imports again.
+# pytest runs with it unset: it keeps its rewrite of each test module (for assert messages) only
+# then, and each worker process rewrote all of them again (1.5 of its 7.5 CPU-s collecting).
 test: venv lock-check test-py312
 	$(PY) -m compileall -q pipeline flows tests bench >/dev/null
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The GPU layer (tests marked gpu: the copy stream, NVDEC against the CPU decoder, a build on
 # the GPU worker), on a machine with CUDA; docs/contributing.md says how to run it offline.
@@ -73,7 +75,7 @@ test-py312: system $(if $(PY312),$(VENV312)/.installed)
 	  echo "no python3.12 found: the Python 3.12 tests are skipped (set PY312=/path/to/python3.12)"; \
 	  [ "$$CI" != true ]; \
 	else \
-	  $(VENV312)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" -n 3 $(TORCH_FREE_TESTS); \
+	  PYTHONDONTWRITEBYTECODE= $(VENV312)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" -n 3 $(TORCH_FREE_TESTS); \
 	fi
 
 # After editing the dependencies in pyproject.toml: the lock follows, changing no other version.
