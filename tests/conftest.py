@@ -67,7 +67,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and _SESSION_HOME and os.environ[_OWN_H
 # points at a stand-in hub on 127.0.0.1 (tests/hubkit.py, hub_env).
 os.environ.setdefault("VLCORPUS_OFFLINE", "1")
 # One OpenMP thread for torch in every process of the session (builds, workers, scripts):
-# pytest-xdist runs 4 workers on 2 cores, and torch's pool of one thread per core spins while
+# pytest-xdist runs 3 workers on 2 cores, and torch's pool of one thread per core spins while
 # it waits for a busy core (a featurize stage: 9.1 CPU-s with 2 threads, 4.4 with one).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
