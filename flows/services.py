@@ -37,8 +37,9 @@ PAGES = "127.0.0.1:0"
 
 
 def start_server(port: int | None = None) -> TemporaryServer:
-    """Prefect's temporary local server, up and healthy."""
-    server = TemporaryServer(port)
+    """Prefect's temporary local server, up and healthy, recording task runs and events for
+    whoever reads them."""
+    server = TemporaryServer(port, history=True)
     server.wait()
     return server
 

@@ -35,12 +35,23 @@ from pipeline.gc_pause import collector_paused
 SERVER_STARTUP_S = 120
 
 
+# The services of an ephemeral server that only keep history: the task runs (recorded from
+# the clients' events), the events themselves, automations and the event stream for the UI. A
+# build's own server is deleted with the build, so nothing ever reads what they would write; it
+# keeps the API (flow runs, their states, logs) that the build runs on.
+NO_HISTORY = {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "false",
+              "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
+              "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+              "PREFECT_API_EVENTS_STREAM_OUT_ENABLED": "false"}
+
+
 class TemporaryServer:
     """Prefect's temporary local server, run the way Prefect runs it (uvicorn on the server's
     app factory, ephemeral mode, no UI; see ``_serve``). ``wait()`` returns once it answers its
-    health check."""
+    health check. ``history``: it records task runs and events, for a caller that reads them
+    back (a build's own server does not)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, history: bool = False) -> None:
         # Without a port, the server takes the socket this process bound to a free one (port
         # 0): no other process can take that port between its choice and the server's start.
         listener = None
@@ -62,7 +73,8 @@ class TemporaryServer:
                "PREFECT_API_BLOCKS_REGISTER_ON_START": "false",
                "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
                # The server would otherwise try to reach Prefect's telemetry endpoint.
-               "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED", "false")}
+               "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED", "false"),
+               **({} if history else NO_HISTORY)}
         # -P: nothing in the current folder shadows a module of the server's.
         where = str(self.port) if listener is None else f"fd:{listener.fileno()}"
         try:
