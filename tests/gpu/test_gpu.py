@@ -1,6 +1,7 @@
-"""The GPU layer (`make test-gpu`; skipped on a machine without CUDA). Everything it needs is
-made in-process with PyAV's own encoders, so a GPU machine without an ffmpeg binary runs it
-(docs/contributing.md says what to carry there):
+"""The GPU layer (`make test-gpu`; skipped on a machine without CUDA). Its videos are made
+in-process with PyAV's own encoders; the build below needs an ffmpeg binary all the same (its
+download stage checks each file's end with one) and is skipped without one (docs/contributing.md
+says what to carry to a GPU machine):
 - the copy stream: the features of batches copied on their own stream and read one batch later
   are those of a CPU run of the same model;
 - NVDEC's frames against the CPU decoder's, on the same clips;
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_binaries
 
 torch = pytest.importorskip("torch")
 av = pytest.importorskip("av")
@@ -71,7 +73,7 @@ def test_nvdec_frames_match_the_cpu_decoders(tmp_path):
     if nvdec.unavailable():
         pytest.skip(nvdec.unavailable())
     video = write_video(tmp_path / "v.mp4")
-    requests = [FrameRequest(f"c{i}", float(i), float(i) + 1.0, FrameSpec(fps=4, frames=4, short_side=240, crop=None))
+    requests = [FrameRequest(f"c{i}", float(i), float(i) + 1.0, FrameSpec(frames=4, short_side=240, crop=None))
                 for i in range(3)]
     cpu = dict(sample_frames(str(video), requests))
     gpu = dict(nvdec.sample_frames_gpu(str(video), requests, torch.cuda.Stream()))
@@ -81,6 +83,7 @@ def test_nvdec_frames_match_the_cpu_decoders(tmp_path):
 
 
 def test_a_build_featurizes_on_the_gpu_worker(tmp_path):
+    require_binaries("ffmpeg")
     folder = tmp_path / "videos"
     folder.mkdir()
     for i in range(2):
