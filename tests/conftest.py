@@ -67,7 +67,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and _SESSION_HOME and os.environ[_OWN_H
 # points at a stand-in hub on 127.0.0.1 (tests/hubkit.py, hub_env).
 os.environ.setdefault("VLCORPUS_OFFLINE", "1")
 # One OpenMP thread for torch in every process of the session (builds, workers, scripts):
-# pytest-xdist runs 3 workers on 2 cores, and torch's pool of one thread per core spins while
+# pytest-xdist runs 4 workers on 2 cores, and torch's pool of one thread per core spins while
 # it waits for a busy core (a featurize stage: 9.1 CPU-s with 2 threads, 4.4 with one).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -323,21 +323,30 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ModuleFixtureScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return module if _shares_module_fixture(module) else nodeid
+            return _unit(nodeid.split("::", 1)[0], nodeid)
 
     config.option.loadscopereorder = False
     return ModuleFixtureScheduling(config, log)
 
 
-# The longest units of work, longest first (the suite's --durations, 2 cores): the worker path
-# (a 60 s liveness window, a schedule that fires once a minute), the getting-started page with
-# the demo and its resume, the production rehearsal, the fault points, the bad inputs, the
-# image's install, the download breaker's cool-downs.
-LONGEST_FIRST = ("tests/flows/test_worker.py", "tests/docs/test_getting_started.py", "tests/flows/test_rehearsal.py",
-                 "tests/reliability/test_faults.py", "tests/reliability/test_bad_inputs.py",
-                 "tests/flows/test_image.py", "tests/flows/test_download_breaker.py",
-                 "tests/flows/test_styles.py")
+# The longest units of work, first (the suite's --durations, 2 cores). Three of them mostly wait
+# (on heartbeats, schedules, servers, one command after another) and used half a core each: the
+# worker path (a 60 s liveness window, a schedule that fires once a minute), the production
+# rehearsal and the getting-started page (the demo and its resume). Started together, they left
+# a core idle for minutes. So the last two run one after the other on one worker (CHAINED),
+# beside the worker path on another, while the other workers keep the cores busy.
+LONGEST_FIRST = ("tests/flows/test_worker.py", "tests/flows/test_rehearsal.py", "tests/docs/test_getting_started.py",
+                 "tests/reliability/test_faults.py", "tests/flows/test_download_breaker.py",
+                 "tests/flows/test_styles.py", "tests/reliability/test_bad_inputs.py", "tests/flows/test_image.py")
+CHAINED = {"tests/flows/test_rehearsal.py": "waits", "tests/docs/test_getting_started.py": "waits"}
+
+
+def _unit(module: str, nodeid: str) -> str:
+    """The unit of work a test belongs to under pytest-xdist: its module's, when the module
+    shares a module fixture or is CHAINED, else its own."""
+    if module in CHAINED:
+        return CHAINED[module]
+    return module if _shares_module_fixture(module) else nodeid
 
 
 @pytest.hookimpl(trylast=True)
@@ -349,8 +358,7 @@ def pytest_collection_modifyitems(config, items):
     _skip_gpu_tests_without_cuda(items)
 
     def unit(item: pytest.Item) -> str:
-        module = item.nodeid.split("::", 1)[0]
-        return module if _shares_module_fixture(module) else item.nodeid
+        return _unit(item.nodeid.split("::", 1)[0], item.nodeid)
 
     slow: dict[str, int] = {}
     first: dict[str, int] = {}
