@@ -314,8 +314,9 @@ def _shares_module_fixture(module: str, _seen: dict[str, bool] = {}) -> bool:  #
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup``, which pyproject's addopts names: every test goes to whichever worker
     is free, except that the tests of a module with a module-scoped fixture go together to one
-    worker, which sets the fixture up once; the work is handed out in collection order (see
-    ``pytest_collection_modifyitems``). pytest-xdist's own loadgroup reads xdist_group marks
+    worker, which sets the fixture up once, and so do the CHAINED modules; the work is handed
+    out in collection order (see ``pytest_collection_modifyitems``). pytest-xdist's own
+    loadgroup reads xdist_group marks
     through ``item._nodeid``, which pytest 9 no longer has: its groups never form."""
     if config.getvalue("dist") != "loadgroup":
         return None
