@@ -14,6 +14,7 @@ dead process on this host is taken over by the next build at once.
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -53,14 +54,40 @@ def _exit_now(signum: int, why: str) -> None:
     os._exit(128 + signum)
 
 
-def _on_sigterm(signum: int, _frame: FrameType | None) -> None:
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if _dropped_there(frame):
+        _again_soon(signum)
+        return
     _arm(signum)
     raise Terminated()
 
 
-def _on_sigint(signum: int, _frame: FrameType | None) -> None:
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    if _dropped_there(frame):
+        _again_soon(signum)
+        return
     _arm(signum)
     raise KeyboardInterrupt
+
+
+def _dropped_there(frame: FrameType | None) -> bool:
+    """Whether an exception raised where the main thread was interrupted would be printed and
+    dropped ("Exception ignored in ..."): in a garbage collector's callback, such as Dask's
+    (distributed.gc), or in a finalizer. A Ctrl-C that landed there was lost, and the build ran
+    on to its end."""
+    callbacks = {getattr(getattr(callback, "__func__", callback), "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _again_soon(signum: int) -> None:
+    """The signal once more, a moment later, when the main thread has left the callback."""
+    timer = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
 
 
 @contextmanager
