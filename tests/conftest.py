@@ -316,15 +316,15 @@ def pytest_xdist_make_scheduler(config, log):
     is free, except that the tests of a module with a module-scoped fixture go together to one
     worker, which sets the fixture up once, and so do the CHAINED modules; the work is handed
     out in collection order (see ``pytest_collection_modifyitems``). pytest-xdist's own
-    loadgroup reads xdist_group marks
-    through ``item._nodeid``, which pytest 9 no longer has: its groups never form."""
+    loadgroup reads xdist_group marks through ``item._nodeid``, which pytest 9 no longer has:
+    its groups never form."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleFixtureScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid.split("::", 1)[0], nodeid)
+            return _unit(nodeid)
 
     config.option.loadscopereorder = False
     return ModuleFixtureScheduling(config, log)
@@ -342,9 +342,10 @@ LONGEST_FIRST = ("tests/flows/test_worker.py", "tests/flows/test_rehearsal.py", 
 CHAINED = {"tests/flows/test_rehearsal.py": "waits", "tests/docs/test_getting_started.py": "waits"}
 
 
-def _unit(module: str, nodeid: str) -> str:
+def _unit(nodeid: str) -> str:
     """The unit of work a test belongs to under pytest-xdist: its module's, when the module
     shares a module fixture or is CHAINED, else its own."""
+    module = nodeid.split("::", 1)[0]
     if module in CHAINED:
         return CHAINED[module]
     return module if _shares_module_fixture(module) else nodeid
@@ -358,19 +359,16 @@ def pytest_collection_modifyitems(config, items):
     the rest; each in collection order. The GPU layer is skipped without CUDA."""
     _skip_gpu_tests_without_cuda(items)
 
-    def unit(item: pytest.Item) -> str:
-        return _unit(item.nodeid.split("::", 1)[0], item.nodeid)
-
     slow: dict[str, int] = {}
     first: dict[str, int] = {}
     for index, item in enumerate(items):
-        key = unit(item)
+        key = _unit(item.nodeid)
         first.setdefault(key, index)
         slow[key] = slow.get(key, 0) + (item.get_closest_marker("slow") is not None)
     def rank(item: pytest.Item) -> tuple[int, int, int]:
         module = item.nodeid.split("::", 1)[0]
         longest = LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
-        return longest, -slow[unit(item)], first[unit(item)]
+        return longest, -slow[_unit(item.nodeid)], first[_unit(item.nodeid)]
 
     items.sort(key=rank)
 

@@ -55,19 +55,21 @@ def _exit_now(signum: int, why: str) -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    if _dropped_there(frame):
-        _again_soon(signum)
-        return
-    _arm(signum)
-    raise Terminated()
+    _stop(signum, frame, Terminated)
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    _stop(signum, frame, KeyboardInterrupt)
+
+
+def _stop(signum: int, frame: FrameType | None, error: type[BaseException]) -> None:
+    """Raise ``error`` in the main thread, where ``frame`` was interrupted; where Python would
+    drop it, the signal comes again a moment later instead."""
     if _dropped_there(frame):
         _again_soon(signum)
         return
     _arm(signum)
-    raise KeyboardInterrupt
+    raise error()
 
 
 def _dropped_there(frame: FrameType | None) -> bool:

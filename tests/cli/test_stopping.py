@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM stop a build even when they land where Python drops exceptions: the
-signal that interrupted a garbage collector's callback (Dask's distributed.gc has one) was
-printed as "Exception ignored" and lost, and the build ran on to its end."""
+signal that interrupted a garbage collector's callback (Dask's distributed.gc has one) or a
+finalizer was printed as "Exception ignored" and lost, and the build ran on to its end."""
 
 from __future__ import annotations
 
@@ -11,26 +11,33 @@ import sys
 import pytest
 from conftest import ROOT
 
-# In a stops_on_signals() block, a gc callback that is running when the signal arrives.
+# In a stops_on_signals() block, the signal arrives while a gc callback or a __del__ runs.
 SCRIPT = """
-import gc, os, signal, sys, time
+import gc, os, sys, time
 from pipeline.cli.stopping import Terminated, stops_on_signals
 
-signum = int(sys.argv[1])
+signum, where = int(sys.argv[1]), sys.argv[2]
 sent = []
 
-def callback(phase, info):
-    if phase == "start" and not sent:
+def interrupted_here():
+    if not sent:
         sent.append(1)
         os.kill(os.getpid(), signum)
         deadline = time.monotonic() + 0.5
-        while time.monotonic() < deadline:  # the handler runs here, inside the callback
+        while time.monotonic() < deadline:  # the handler runs here
             pass
 
-gc.callbacks.append(callback)
+class Finalized:
+    def __del__(self):
+        interrupted_here()
+
+gc.callbacks.append(lambda phase, info: phase == "start" and interrupted_here())
 try:
     with stops_on_signals():
-        gc.collect()
+        if where == "gc_callback":
+            gc.collect()
+        else:
+            Finalized()
         time.sleep(5)
     print("ran on")
 except (KeyboardInterrupt, Terminated) as stopped:
@@ -40,10 +47,11 @@ os._exit(0)  # before the grace clock the signal started
 """
 
 
+@pytest.mark.parametrize("where", ["gc_callback", "finalizer"])
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_during_a_gc_callback_still_stops_the_block(signum):
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(int(signum))], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60)
+def test_a_signal_where_python_drops_exceptions_still_stops_the_block(signum, where):
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(int(signum)), where], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60)
     expected = "KeyboardInterrupt" if signum == signal.SIGINT else "Terminated"
     assert done.stdout.strip() == f"stopped {expected}", done.stdout + done.stderr
     assert "Exception ignored" not in done.stderr, done.stderr
