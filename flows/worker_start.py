@@ -1,17 +1,19 @@
 """What a build's Dask worker process imports when it starts (a Dask preload, imported once by
 the fork server the workers come from): the flows, with the garbage collector paused while they
-load (pipeline/gc_pause.py: its passes were a quarter of the import), and yt-dlp's URL patterns
-compiled (each worker compiled them again when it first downloaded)."""
+load (pipeline/gc_pause.py: its passes were a quarter of the import) and its full passes spaced
+out after, and yt-dlp's URL patterns compiled (each worker compiled them again when it first
+downloaded)."""
 
 from __future__ import annotations
 
-from pipeline.gc_pause import collector_paused
+from pipeline.gc_pause import collector_paused, fewer_full_passes
 
 with collector_paused():
     import flows.build  # noqa: F401
     from pipeline.download.ytdlp import compile_url_patterns
 
     compile_url_patterns()
+fewer_full_passes()
 
 
 def dask_setup(worker: object) -> None:

@@ -1,5 +1,6 @@
-"""The ``vlcorpus`` script: the command line imported with the garbage collector paused
-(pipeline/gc_pause.py), and a process that ends as soon as its command has."""
+"""The ``vlcorpus`` script: the command line imported with the garbage collector paused, its full
+passes spaced out after (pipeline/gc_pause.py), and a process that ends as soon as its command
+has."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import os
 import sys
 
-from pipeline.gc_pause import collector_paused
+from pipeline.gc_pause import collector_paused, fewer_full_passes
 
 
 def main() -> None:
@@ -18,6 +19,7 @@ def main() -> None:
     atexit.register(_exit_now, code)
     with collector_paused():
         from pipeline.cli import app
+    fewer_full_passes()
 
     try:
         app()
