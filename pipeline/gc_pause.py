@@ -9,7 +9,7 @@ also spares a forked child from touching, and so copying, its parent's pages.
 
 What a process makes after that (a build's Prefect client and Dask cluster, the server's
 database engine and the models FastAPI builds on first use) lives long too, and the full passes
-over it, one every second or two at the default pace, were 8 to 10 % of the CPU of a small
+over it, one every second or two at the default pace, were 6 to 10 % of the CPU of a small
 build's process and of its Prefect server (0.5 s of 5.4 and 8.0 CPU-s). ``fewer_full_passes``
 spaces them ten times further apart; the two young generations, where most garbage cycles
 die, are collected as often as before.

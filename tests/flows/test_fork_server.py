@@ -17,6 +17,8 @@ import pytest
 
 from conftest import ROOT, TESTS, require_binaries
 
+from pipeline.gc_pause import MIDDLE_PER_FULL
+
 pytestmark = pytest.mark.slow
 
 # The packages each library's case needs, beyond the base install.
@@ -60,9 +62,10 @@ def test_a_library_the_checks_loaded_works_in_a_forked_worker(forkcheck, library
 
 
 def test_the_fork_server_starts_no_thread_and_loads_no_model():
-    """What the workers are forked from: the flows imported and nothing running. Its native
-    threads are those of numpy's OpenBLAS and Arrow's jemalloc (both see to forks themselves),
-    which importing the flows adds nothing to."""
+    """What the workers are forked from: the flows imported, nothing running, and the collector's
+    full passes spaced out (which the workers inherit). Its native threads are those of numpy's
+    OpenBLAS and Arrow's jemalloc (both see to forks themselves), which importing the flows adds
+    nothing to."""
     script = ("import os, threading, sys\n"
               "threads = lambda: sorted(open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task'))\n"
               "import numpy, pyarrow\n"
@@ -70,8 +73,9 @@ def test_the_fork_server_starts_no_thread_and_loads_no_model():
               "import flows.worker_start\n"
               "loaded = [m for m in ('ctranslate2', 'faster_whisper', 'grpc', 'transformers') if m in sys.modules]\n"
               "cuda = 'torch' in sys.modules and sys.modules['torch'].cuda.is_initialized()\n"
-              "print(before == threads(), threading.active_count(), loaded, cuda)\n")
+              "import gc\n"
+              "print(before == threads(), threading.active_count(), loaded, cuda, gc.get_threshold()[2])\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["True", "1", "[]", "False"], done.stdout
+    assert done.stdout.split() == ["True", "1", "[]", "False", str(MIDDLE_PER_FULL)], done.stdout
