@@ -28,7 +28,7 @@ import urllib.request
 from contextlib import closing, suppress
 from pathlib import Path
 
-from pipeline.gc_pause import collector_paused, fewer_full_passes
+from pipeline.gc_pause import collector_paused
 
 # Seconds the temporary server may take to come up: Prefect's default (20) fails builds on a
 # busy machine, where importing the server and migrating its database take longer.
@@ -168,7 +168,6 @@ def _serve(where: str) -> None:
     threading.Thread(target=_stop_with_parent, args=(os.getppid(),), daemon=True).start()
     with collector_paused():
         import uvicorn
-    fewer_full_passes()
 
     if where.startswith("fd:"):
         # uvicorn's fd= path, whose socket.fromfd takes the family from the descriptor (TCP).

@@ -6,14 +6,13 @@ downloaded)."""
 
 from __future__ import annotations
 
-from pipeline.gc_pause import collector_paused, fewer_full_passes
+from pipeline.gc_pause import collector_paused
 
 with collector_paused():
     import flows.build  # noqa: F401
     from pipeline.download.ytdlp import compile_url_patterns
 
     compile_url_patterns()
-fewer_full_passes()
 
 
 def dask_setup(worker: object) -> None:

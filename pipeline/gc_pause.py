@@ -10,9 +10,9 @@ also spares a forked child from touching, and so copying, its parent's pages.
 What a process makes after that (a build's Prefect client and Dask cluster, the server's
 database engine and the models FastAPI builds on first use) lives long too, and the full passes
 over it, one every second or two at the default pace, were 6 to 10 % of the CPU of a small
-build's process and of its Prefect server (0.5 s of 5.4 and 8.0 CPU-s). ``fewer_full_passes``
-spaces them ten times further apart; the two young generations, where most garbage cycles
-die, are collected as often as before.
+build's process and of its Prefect server (0.5 s of 5.4 and 8.0 CPU-s). So a process that has
+paused the collector for its imports has its full passes ten times further apart from then on;
+the two young generations, where most garbage cycles die, are collected as often as before.
 """
 
 from __future__ import annotations
@@ -28,19 +28,16 @@ MIDDLE_PER_FULL = 100
 
 @contextmanager
 def collector_paused() -> Iterator[None]:
-    """No collection while the block runs; then what it made is frozen (``gc.freeze``) and the
-    collector is as it was."""
+    """No collection while the block runs; then what it made is frozen (``gc.freeze``), the
+    full passes are ``MIDDLE_PER_FULL`` middle ones apart for the rest of the process, and the
+    collector is enabled as it was."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         gc.freeze()
+        young, middle, _ = gc.get_threshold()
+        gc.set_threshold(young, middle, MIDDLE_PER_FULL)
         if enabled:
             gc.enable()
-
-
-def fewer_full_passes() -> None:
-    """Full collections ``MIDDLE_PER_FULL`` middle ones apart, for the rest of the process."""
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, MIDDLE_PER_FULL)

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 
-from pipeline.gc_pause import collector_paused, fewer_full_passes
+from pipeline.gc_pause import collector_paused
 
 
 def main() -> None:
@@ -19,7 +19,6 @@ def main() -> None:
     atexit.register(_exit_now, code)
     with collector_paused():
         from pipeline.cli import app
-    fewer_full_passes()
 
     try:
         app()

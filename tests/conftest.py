@@ -71,7 +71,7 @@ os.environ.setdefault("VLCORPUS_OFFLINE", "1")
 # it waits for a busy core (a featurize stage: 9.1 CPU-s with 2 threads, 4.4 with one).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from pipeline.gc_pause import collector_paused, fewer_full_passes  # noqa: E402  (after the environment above)
+from pipeline.gc_pause import collector_paused  # noqa: E402  (after the environment above)
 
 # Collection imports every test module and its libraries with the garbage collector paused
 # until the tests start (pipeline/gc_pause.py): 13-14 CPU-s a worker process with it running,
@@ -83,7 +83,6 @@ _COLLECTING.__enter__()
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> None:
     _COLLECTING.__exit__(None, None, None)
-    fewer_full_passes()
 
 
 @pytest.fixture
