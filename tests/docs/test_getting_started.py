@@ -4,9 +4,9 @@ files it shows (``title="..."``) are written as shown. Two things differ, each w
 could not be followed offline or in a few minutes: ``make demo`` runs the command its recipe
 runs with 3 videos instead of 12, and the YouTube ids and URL template of the own-corpus section
 point at the demo's site on 127.0.0.1 instead. ``make test`` is the suite this test is part of:
-only its recipe is checked. A ``pip install`` runs with ``--dry-run``: it resolves what it would
-install from the lock's constraints, without installing (tests/flows/test_image.py installs
-from them for real). Then the Python blocks of docs/outputs.md run on the demo's corpus, as
+only its recipe is checked. A ``pip install`` runs with ``--dry-run --no-deps``, and what it
+would install is checked against the constraints and the suite's venv (``_pip_install_checked``).
+Then the Python blocks of docs/outputs.md run on the demo's corpus, as
 written, in page order and in one process, as a reader pastes them into one session.
 
 Last, the demo itself (``vlcorpus demo``: generated site, Prefect flow on a local multi-process
@@ -17,6 +17,7 @@ half a CPU-minute."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -66,6 +67,38 @@ def _run(command: str, cwd: Path, env: dict[str, str], code: int = 0) -> subproc
     return done
 
 
+def _pip_install_checked(command: str, work: Path, env: dict[str, str]) -> None:
+    """The page's ``pip install -c constraints.txt '.[EXTRAS]'`` with ``--dry-run --no-deps``: pip
+    reads the command and builds the project's metadata with those extras. Resolving their
+    requirements from the constraints is what ``make venv`` did with pip before this suite ran,
+    for a superset of extras (dev); so each requirement is checked to be pinned there, and
+    installed at its pin in the suite's venv. A full resolve of the page's command took pip 35
+    CPU-s alone and 60 in the suite, more than any other single command."""
+    from packaging.markers import Marker
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    report = work / "pip-report.json"
+    _run(command.replace("/pip install ", f"/pip install --dry-run --no-deps --quiet --report {report} ", 1),
+         work, env)
+    (project,) = json.loads(report.read_text())["install"]
+    extras = project["requested_extras"]
+    assert extras and set(extras) <= set(project["metadata"]["provides_extra"]), extras
+    pins = {}
+    for line in (work / "constraints.txt").read_text().splitlines():
+        pin, _, marker = line.partition(" ; ")
+        if "==" in pin and (not marker or Marker(marker).evaluate()):
+            name, version = pin.split("==")
+            pins[canonicalize_name(name)] = version
+    wanted = [Requirement(r) for r in project["metadata"]["requires_dist"]]
+    wanted = {canonicalize_name(r.name) for r in wanted
+              if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in ["", *extras])}
+    assert {"torch", "faster-whisper"} <= wanted and not wanted - set(pins), sorted(wanted - set(pins))
+    installed = {name: Version(importlib.metadata.version(name)).public for name in wanted}
+    assert installed == {name: pins[name] for name in wanted}
+
+
 def test_every_getting_started_command_runs_as_written(tmp_path):
     require_binaries("ffmpeg", "ffprobe", "espeak-ng")
     work = tmp_path / "repo"
@@ -103,7 +136,7 @@ def test_every_getting_started_command_runs_as_written(tmp_path):
                     site["template"] = stack.enter_context(serve_demo(pages)) + "pages/{id}.html"
                     site["ids"] = " ".join(v.id for v in DemoSite.load(pages).videos)
                 elif "/pip install " in command:
-                    _run(command.replace("/pip install ", "/pip install --dry-run ", 1), work, env)
+                    _pip_install_checked(command, work, env)
                 else:
                     _run(command, work, env)
     assert {"make demo", "make test", ".venv/bin/vlcorpus build my_tours.yaml",
