@@ -109,6 +109,21 @@ def spare_port() -> int:
             return port
 
 
+def locked_pins(requirements: str) -> dict[str, str]:
+    """Name -> version of each ``name==version ; marker`` line (uv's export, as constraints.txt)
+    whose marker holds on this machine, names canonical."""
+    from packaging.markers import Marker
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in requirements.splitlines():
+        requirement, _, marker = line.partition(" ; ")
+        if "==" in requirement and not requirement.startswith("#") and (not marker or Marker(marker).evaluate()):
+            name, version = requirement.split("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
 def require_binaries(*names: str) -> None:
     missing = [n for n in names if shutil.which(n) is None]
     if missing:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import require_binaries
+from conftest import locked_pins, require_binaries
 from docskit import DOCS, ROOT, code_blocks, commands
 from sitekit import port_for_splits
 
@@ -74,7 +74,6 @@ def _pip_install_checked(command: str, work: Path, env: dict[str, str]) -> None:
     for a superset of extras (dev); so each requirement is checked to be pinned there, and
     installed at its pin in the suite's venv. A full resolve of the page's command took pip 35
     CPU-s alone and 60 in the suite, more than any other single command."""
-    from packaging.markers import Marker
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
     from packaging.version import Version
@@ -85,12 +84,7 @@ def _pip_install_checked(command: str, work: Path, env: dict[str, str]) -> None:
     (project,) = json.loads(report.read_text())["install"]
     extras = project["requested_extras"]
     assert extras and set(extras) <= set(project["metadata"]["provides_extra"]), extras
-    pins = {}
-    for line in (work / "constraints.txt").read_text().splitlines():
-        pin, _, marker = line.partition(" ; ")
-        if "==" in pin and (not marker or Marker(marker).evaluate()):
-            name, version = pin.split("==")
-            pins[canonicalize_name(name)] = version
+    pins = locked_pins((work / "constraints.txt").read_text())
     wanted = [Requirement(r) for r in project["metadata"]["requires_dist"]]
     wanted = {canonicalize_name(r.name) for r in wanted
               if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in ["", *extras])}

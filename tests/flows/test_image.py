@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from checkkit import listing, provide, put_models, starter, vlcorpus
-from conftest import ROOT
+from conftest import ROOT, locked_pins
 from hubkit import hub_env, unreachable_hub
 
 from pipeline.starter import STYLES
@@ -70,20 +70,11 @@ def test_the_locked_torch_for_x86_64_is_a_cuda_build():
 def image_packages() -> dict[str, str]:
     """What the image's install brings on this machine's platform and Python (name -> version):
     the lock's export for the image's extras, the set pip resolves from its constraints."""
-    from packaging.markers import Marker
-    from packaging.utils import canonicalize_name
-
     export = subprocess.run([str(ROOT / ".venv" / "bin" / "uv"), "export", "--quiet", "--frozen",
                              "--no-emit-project", "--no-hashes", "--no-annotate", "--format", "requirements.txt",
                              *[f"--extra={e}" for e in extras(install_args())]],
                             cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
-    packages = {}
-    for line in export.splitlines():
-        requirement, _, marker = line.partition(" ; ")
-        if "==" in requirement and not requirement.startswith("#") and (not marker or Marker(marker).evaluate()):
-            name, version = requirement.split("==")
-            packages[canonicalize_name(name)] = version
-    return packages
+    return locked_pins(export)
 
 
 def image_venv(folder: Path, packages: dict[str, str]) -> tuple[str, set[str]]:
