@@ -219,7 +219,7 @@ def run_build(
     """Entry point for the CLI and tests: ``build_corpus``, or the flow of one ``stage`` alone,
     on the chosen Dask task runner; returns the corpus summary with the stages' reports and
     the build's health (the config's health section). ``checked``: the caller ran
-    ``check_build`` for these arguments already (the command line, before importing Prefect)."""
+    ``check_build`` for these arguments already (the command line does)."""
     cfg = resolve_config(config)
     chosen = cfg.corpus_root(root)
     # Before the cluster or any download: what the stages need is there.

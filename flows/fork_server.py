@@ -1,14 +1,20 @@
-"""Where a build's local Dask workers come from: a fork server of the build's own, always a new
-interpreter.
+"""Where a build's local Dask workers come from: a fork server of the build's own, which has
+imported the flows and holds no model, thread or other native state.
 
-Dask forks each worker process from the fork server. The server is never a fork of the build's
-process: by the time a build starts its workers, its checks have loaded models there (a Whisper
-model with CTranslate2's thread pool, torch with CUDA, a gRPC channel), and native state does not
-survive a fork. A forked worker inherited the Whisper model without its pool's threads and hung in
-its first transcription; CUDA refuses a process forked after it started. A new interpreter holds
-only what ``flows.worker_start`` imports (modules, no model, no thread: tests/flows/test_fork_server.py
-checks), so what any library a check loads does stays in the build's process. The server imports
-the flows once, where spawned workers would import them once each (1.5 to 2 CPU-s each).
+Dask forks each worker process from the fork server. The server is never a fork of a build's
+process after its checks: by then they have loaded models there (a Whisper model with
+CTranslate2's thread pool, torch with CUDA, a gRPC channel), and native state does not survive a
+fork. A forked worker inherited the Whisper model without its pool's threads and hung in its
+first transcription; CUDA refuses a process forked after it started. So the server is one of:
+
+- a fork of the command line (``vlcorpus build``, ``vlcorpus demo``) taken before its checks,
+  once it has imported the flows, which it needs itself: modules only, no model, no thread
+  (``start(from_here=True)``). A new interpreter importing them again cost about 2 CPU-s a build.
+- elsewhere (a deployment's flow run, a build called from Python, whose process may hold models
+  already), a new interpreter that imports only what ``flows.worker_start`` does.
+
+tests/flows/test_fork_server.py checks both hold no thread and no model. The server imports the
+flows once, where spawned workers would import them once each (1.5 to 2 CPU-s each).
 
 The fork server has the environment of the build's process when it starts (the workers get the
 build's environment of the moment from their nanny), and its standard error is relayed to the
@@ -18,41 +24,93 @@ one of its own.
 
 from __future__ import annotations
 
+import inspect
 import os
+import signal
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from multiprocessing import forkserver
+from multiprocessing import connection, forkserver, resource_tracker
 
 from pipeline.config import Config
+from pipeline.gc_pause import collector_paused
 
 # The module whose import readies a worker process (a Dask preload).
 WORKER_START = "flows.worker_start"
+
+# A fork server forked from this process is set in the standard library's private state of a
+# running one, whose layout is that of Pythons 3.11 to 3.13 (3.14 adds an authentication key):
+# elsewhere the server is a new interpreter.
+_CAN_FORK_HERE = list(inspect.signature(forkserver.main).parameters) == [
+    "listener_fd", "alive_r", "preload", "main_path", "sys_path"]
 
 _depth = [0]
 _running = [False]
 
 
-def start() -> None:
+def start(*, from_here: bool = False) -> None:
     """Start the fork server now if it is not running: the command line starts it as soon as
-    the config holds, so that its import of the flows overlaps the build's checks and its own
-    imports."""
+    the config holds. ``from_here``: fork it from this process once it has imported the flows,
+    for a caller that has loaded no model yet (the command line before its checks), and where
+    no other thread runs (one holding a lock would leave it held in the fork); else it is a new
+    interpreter, whose import of the flows overlaps the caller's work."""
     if _running[0]:
         return
     forkserver.set_forkserver_preload([WORKER_START])
     # Its standard error (and so its workers') is a pipe that this process copies to its own
     # standard error, whatever that is by then: the build's log file, opened after the checks.
+    if from_here and _CAN_FORK_HERE:
+        with collector_paused():
+            import flows.build  # noqa: F401  (what the workers import; this process runs it later)
+        from_here = threading.active_count() == 1
     read, write = os.pipe()
-    saved = os.dup(2)
-    os.dup2(write, 2)
-    try:
-        forkserver.ensure_running()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(write)
+    if from_here and _CAN_FORK_HERE:
+        _fork_here(read, write)
+    else:
+        saved = os.dup(2)
+        os.dup2(write, 2)
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(write)
     threading.Thread(target=_relay, args=(read,), name="workers' stderr", daemon=True).start()
     _running[0] = True
+
+
+def _fork_here(relay: int, stderr: int) -> None:
+    """The fork server as a fork of this process with standard error ``stderr``, set up as
+    ``forkserver.ensure_running`` sets up a new interpreter: a listening socket, and a pipe
+    whose write ends close when this process and every worker have gone. It imports the rest
+    of ``flows.worker_start`` itself."""
+    resource_tracker.ensure_running()
+    address = connection.arbitrary_address("AF_UNIX")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(alive_w)
+                os.close(relay)
+                os.dup2(stderr, 2)
+                os.close(stderr)
+                # The handlers of a new interpreter, which the workers inherit (the command
+                # line's stop the build).
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                forkserver.main(listener.fileno(), alive_r, [WORKER_START])
+            finally:
+                # Never this process's exit handlers (its temporary server's stop among them).
+                os._exit(0)
+    os.close(alive_r)
+    os.close(stderr)
+    server = forkserver._forkserver
+    server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
 
 
 def stop() -> None:

@@ -1,10 +1,11 @@
 """``python forkcheck.py LIBRARY[,LIBRARY...] WORKDIR``: what `vlcorpus build` does with libraries
 that keep native state. The build's checks load each library's state in this process (a model,
 its thread pool, a gRPC channel), all of them before any worker exists, as a build whose config
-needs them all does; then the workers' fork server starts, as a build starts it, and for each
-library a task that uses it runs in a worker of a local Dask cluster forked from it. Prints, per
-library, the task's result beside this process's own as JSON (one run for every library: each run
-costs an interpreter, the imports, a fork server and a cluster). A hang is bounded: faulthandler
+needs them all does, after the workers' fork server was forked from this process, as `vlcorpus
+build` forks it; for each library a task that uses it then runs in a worker of a local Dask
+cluster forked from that server. Prints, per library, the task's result beside this process's own
+as JSON, and whether the fork server is a fork of this process (one run for every library: each
+run costs an interpreter, the imports, a fork server and a cluster). A hang is bounded: faulthandler
 prints every thread's stack and exits with 1 (tests/flows/test_fork_server.py)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import faulthandler
 import json
 import subprocess
 import sys
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +85,14 @@ def main(libraries: list[str], workdir: Path) -> None:
     faulthandler.dump_traceback_later(BOUND_S, exit=True)
     from distributed import Client, LocalCluster
 
-    from flows.fork_server import WORKER_START, fork_server
+    from flows import fork_server
+    from flows.fork_server import WORKER_START
     from pipeline.config import parse_config
     from pipeline.compose.stages import check_build
 
+    fork_server.start(from_here=True)  # where the command line starts it: before anything runs
+    zygote = Path(f"/proc/{forkserver._forkserver._forkserver_pid}/cmdline").read_bytes()
+    forked_here = zygote == Path("/proc/self/cmdline").read_bytes()
     wav = _speech(workdir)
     server = None
     endpoint = None
@@ -108,14 +114,15 @@ def main(libraries: list[str], workdir: Path) -> None:
         faulthandler.dump_traceback_later(BOUND_S, exit=True)
         check_build(parse_config(config), until="featurize")
     faulthandler.dump_traceback_later(BOUND_S, exit=True)
-    with fork_server(), LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+    with fork_server.fork_server(), LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
                                      preload=[WORKER_START]) as cluster, Client(cluster) as client:
         there = {library: _result(lambda library=library: client.submit(
             use, library, configs[library], wav, pure=False).result(timeout=BOUND_S)) for library in libraries}
     here = {library: _result(lambda library=library: use(library, configs[library], wav)) for library in libraries}
     if server is not None:
         server.stop(grace=None)
-    print(json.dumps({library: {"here": here[library], "there": there[library]} for library in libraries}))
+    print(json.dumps({"forked_here": forked_here,
+                      **{library: {"here": here[library], "there": there[library]} for library in libraries}}))
 
 
 if __name__ == "__main__":

@@ -73,14 +73,15 @@ def _build(config: Path, root: str | None, until: str | None, dask_address: str 
     except (ConfigError, ValueError) as exc:
         _error(exc)
         raise typer.Exit(2) from None
-    # A config that holds: Prefect's server and the workers' fork server start now, the two
-    # longest parts of a build's set-up, while this process checks what the stages need.
+    # A config that holds: Prefect's server starts now, the longest part of a build's set-up,
+    # and the workers' fork server, a fork of this process once it has imported the flows:
+    # before the checks, which load models here that no worker may inherit.
     server = server_unless_configured()
     if dask_address is None:
-        fork_server.start()
+        fork_server.start(from_here=True)
     try:
-        # Before Prefect is imported: a refusal comes in a second or two. The checks import
-        # the stages' libraries (torch, faster-whisper) with the collector paused.
+        # The checks import the stages' libraries (torch, faster-whisper) with the collector
+        # paused.
         with collector_paused():
             from pipeline.compose.stages import check_build
 
@@ -148,8 +149,11 @@ def demo(
     mode = _logging(quiet, json_logs)
     if until is not None:
         check_name(until)
+    from flows import fork_server
     from flows.demo import run_demo
 
+    # Before the demo's site server thread and the build's checks (see _build).
+    fork_server.start(from_here=True)
     with stops_on_signals(), _build_output(mode, verbose, str(root / "corpus")):
         summary = run_demo(root, n_videos=videos, seed=seed, until=until, port=port)
     _time_setup(summary)

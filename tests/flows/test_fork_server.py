@@ -1,9 +1,11 @@
 """No native state crosses a fork into the workers: what a build's checks load in its own
 process (a Whisper model and CTranslate2's pool, torch's thread pool, a gRPC channel, a
 transformers model) stays there, and a task using the same library in a worker of the local
-cluster completes. One run of tests/forkcheck.py loads every installed library's state before
-the fork server starts, then uses each in the worker (each case asserts on its own library);
-each step is bounded: a hang prints every thread's stack."""
+cluster completes. One run of tests/forkcheck.py forks the fork server from its process, as
+`vlcorpus build` does, then loads every installed library's state, then uses each in the worker
+(each case asserts on its own library); each step is bounded: a hang prints every thread's stack.
+Where a build's process has loaded models already (a deployment's flow run), the fork server is a
+new interpreter, which inherits nothing: the last test checks what it holds."""
 
 from __future__ import annotations
 
@@ -56,14 +58,17 @@ def test_a_library_the_checks_loaded_works_in_a_forked_worker(forkcheck, library
         pytest.skip(f"needs {missing}")
     done = forkcheck
     assert done.returncode == 0, f"the worker's tasks did not complete:\n{done.stderr[-6000:]}"
-    result = json.loads(done.stdout.strip().splitlines()[-1])[library]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert results["forked_here"], "the fork server is a new interpreter, not a fork of the build's process"
+    result = results[library]
     assert not result["there"].startswith("error: "), f"{library}: {result}\n{done.stderr[-6000:]}"
     assert result["here"] == result["there"] and result["there"], result
 
 
 def test_the_fork_server_starts_no_thread_and_loads_no_model():
-    """What the workers are forked from: the flows imported, nothing running, and the collector's
-    full passes spaced out (which the workers inherit). Its native threads are those of numpy's
+    """What the workers are forked from where the fork server is a new interpreter: the flows
+    imported, nothing running, and the collector's full passes spaced out (which the workers
+    inherit). Its native threads are those of numpy's
     OpenBLAS and Arrow's jemalloc (both see to forks themselves), which importing the flows adds
     nothing to."""
     script = ("import os, threading, sys\n"
