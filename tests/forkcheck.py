@@ -114,8 +114,9 @@ def main(libraries: list[str], workdir: Path) -> None:
         faulthandler.dump_traceback_later(BOUND_S, exit=True)
         check_build(parse_config(config), until="featurize")
     faulthandler.dump_traceback_later(BOUND_S, exit=True)
-    with fork_server.fork_server(), LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
-                                     preload=[WORKER_START]) as cluster, Client(cluster) as client:
+    with fork_server.fork_server(), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                         preload=[WORKER_START]) as cluster, Client(cluster) as client:
         there = {library: _result(lambda library=library: client.submit(
             use, library, configs[library], wav, pure=False).result(timeout=BOUND_S)) for library in libraries}
     here = {library: _result(lambda library=library: use(library, configs[library], wav)) for library in libraries}
