@@ -231,6 +231,20 @@ def demo_corpus(tmp_path_factory):
     return root, site
 
 
+@pytest.fixture(scope="module")
+def builds_fork_server() -> Iterator[None]:
+    """One fork server (flows/fork_server.py) for the builds a test module runs in its process
+    (``run_build``): each build nests in it and leaves it running, where each would start one of
+    its own, a new interpreter importing the flows (about 2 CPU-s a build). Its workers get the
+    build's environment of the moment from their nanny, as ever; what a process reads only when
+    it starts (a sitecustomize on PYTHONPATH, as tests/resolverkit.py's) is the module's own,
+    which is why it is not the session's."""
+    from flows.fork_server import fork_server
+
+    with fork_server():
+        yield
+
+
 @contextmanager
 def own_prefect_server() -> Iterator[object]:
     """A Prefect server of the caller's own (a database of its own, copied from the session's

@@ -24,7 +24,7 @@ from pipeline.config import parse_config
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("builds_fork_server")]
 
 VIDEOS = 12
 

@@ -19,7 +19,7 @@ from pipeline.demo import serve_demo
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("builds_fork_server")]
 VIDEOS = 4
 PARTITIONS = 2
 

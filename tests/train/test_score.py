@@ -369,6 +369,7 @@ def test_score_summary_for_the_report(trained, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("builds_fork_server")
 def test_a_build_scores_after_training_then_shards_and_reports(prefect_server, monkeypatch, tmp_path):
     """build_corpus as a Prefect flow on a local Dask cluster (the stages before featurize and
     the report stubbed out): train, then the score pass with the shards that waited for their
