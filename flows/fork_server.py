@@ -13,8 +13,10 @@ first transcription; CUDA refuses a process forked after it started. So the serv
 - elsewhere (a deployment's flow run, a build called from Python, whose process may hold models
   already), a new interpreter that imports only what ``flows.worker_start`` does.
 
-tests/flows/test_fork_server.py checks both hold no thread and no model. The server imports the
-flows once, where spawned workers would import them once each (1.5 to 2 CPU-s each).
+tests/flows/test_fork_server.py forks the server as the command line does, loads every library
+the checks load, then uses each in a worker; and checks that a new interpreter's server holds no
+thread and no model. The server imports the flows once, where spawned workers would import them
+once each (1.5 to 2 CPU-s each).
 
 The fork server has the environment of the build's process when it starts (the workers get the
 build's environment of the moment from their nanny), and its standard error is relayed to the
@@ -28,6 +30,7 @@ import inspect
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,12 +61,12 @@ def start(*, from_here: bool = False) -> None:
     if _running[0]:
         return
     forkserver.set_forkserver_preload([WORKER_START])
-    # Its standard error (and so its workers') is a pipe that this process copies to its own
-    # standard error, whatever that is by then: the build's log file, opened after the checks.
     if from_here and _CAN_FORK_HERE:
         with collector_paused():
             import flows.build  # noqa: F401  (what the workers import; this process runs it later)
         from_here = threading.active_count() == 1
+    # Its standard error (and so its workers') is a pipe that this process copies to its own
+    # standard error, whatever that is by then: the build's log file, opened after the checks.
     read, write = os.pipe()
     if from_here and _CAN_FORK_HERE:
         _fork_here(read, write)
@@ -86,6 +89,9 @@ def _fork_here(relay: int, stderr: int) -> None:
     whose write ends close when this process and every worker have gone. It imports the rest
     of ``flows.worker_start`` itself."""
     resource_tracker.ensure_running()
+    # Nothing this process has buffered may be written again by a worker as it exits.
+    sys.stdout.flush()
+    sys.stderr.flush()
     address = connection.arbitrary_address("AF_UNIX")
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(address)
@@ -99,8 +105,8 @@ def _fork_here(relay: int, stderr: int) -> None:
                 os.close(relay)
                 os.dup2(stderr, 2)
                 os.close(stderr)
-                # The handlers of a new interpreter, which the workers inherit (the command
-                # line's stop the build).
+                # A new interpreter's handlers, which the workers inherit: the command line's
+                # would stop a build.
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 forkserver.main(listener.fileno(), alive_r, [WORKER_START])
