@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import connection, forkserver, resource_tracker
@@ -100,6 +101,7 @@ def _fork_here(relay: int, stderr: int) -> None:
         alive_r, alive_w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            code = 0
             try:
                 os.close(alive_w)
                 os.close(relay)
@@ -110,9 +112,12 @@ def _fork_here(relay: int, stderr: int) -> None:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)
                 forkserver.main(listener.fileno(), alive_r, [WORKER_START])
+            except Exception:  # to the build's log, as a new interpreter's traceback would go
+                traceback.print_exc()
+                code = 1
             finally:
                 # Never this process's exit handlers (its temporary server's stop among them).
-                os._exit(0)
+                os._exit(code)
     os.close(alive_r)
     os.close(stderr)
     server = forkserver._forkserver
