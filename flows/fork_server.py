@@ -62,14 +62,15 @@ def start(*, from_here: bool = False) -> None:
     if _running[0]:
         return
     forkserver.set_forkserver_preload([WORKER_START])
-    if from_here and _CAN_FORK_HERE:
+    fork = from_here and _CAN_FORK_HERE
+    if fork:
         with collector_paused():
             import flows.build  # noqa: F401  (what the workers import; this process runs it later)
-        from_here = threading.active_count() == 1
+        fork = threading.active_count() == 1
     # Its standard error (and so its workers') is a pipe that this process copies to its own
     # standard error, whatever that is by then: the build's log file, opened after the checks.
     read, write = os.pipe()
-    if from_here and _CAN_FORK_HERE:
+    if fork:
         _fork_here(read, write)
     else:
         saved = os.dup(2)
