@@ -4,13 +4,13 @@ where a user puts it: for tests/cli/test_check.py, and for the container image's
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import conftest
 from hubkit import cache_model, pinned_command, sha256
 
 TSM_FILE = "TSM_kinetics_RGB_resnet50_shift8_blockres_avg_segment8_e50.pth"
@@ -21,10 +21,10 @@ LISTS = {"apartment_tour": ("tours.txt", "https://www.youtube.com/watch?v=dQw4w9
 
 def vlcorpus(*args: str, env: dict[str, str] | None = None, python: str = sys.executable,
              pins: Mapping[str, str] = {}) -> subprocess.CompletedProcess:
-    """``vlcorpus ARGS``; with ``pins`` (file name -> sha256) taken for the published files' own."""
-    command = pinned_command(pins, "pipeline.cli", *args, python=python) if pins else \
-        [python, "-m", "pipeline.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env or dict(os.environ))
+    """``vlcorpus ARGS`` run by ``python``; with ``pins`` (file name -> sha256) taken for the
+    published files' own."""
+    launcher = pinned_command(pins, "pipeline.cli", python=python) if pins else (python, "-m", "pipeline.cli")
+    return conftest.vlcorpus(*args, env=env, launcher=launcher)
 
 
 def listing(folder: Path) -> dict[str, tuple[int, int]]:

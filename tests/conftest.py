@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -107,6 +107,16 @@ def spare_port() -> int:
             except OSError:
                 continue
             return port
+
+
+def vlcorpus(*args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None,
+             timeout: float = 300, launcher: Sequence[str] = (sys.executable, "-m", "pipeline.cli"),
+             ) -> subprocess.CompletedProcess:
+    """``vlcorpus ARGS`` in a process of its own, as the console script runs it, its output
+    captured. ``env``: the whole environment (this process's by default); ``launcher``: the
+    command that runs the CLI (another venv's python, or hubkit.pinned_command's)."""
+    return subprocess.run([*launcher, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd, env=env)
 
 
 def locked_pins(requirements: str) -> dict[str, str]:

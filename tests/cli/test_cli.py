@@ -16,14 +16,9 @@ import pytest
 
 import stagekit
 import trainkit
-from conftest import require_binaries
+from conftest import require_binaries, vlcorpus
 from pipeline.runner import RetryPolicy, StageContext, run_stage
 from pipeline.corpus.storage import Corpus
-
-
-def vlcorpus(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True,
-                          text=True, timeout=300, cwd=cwd, env={**os.environ, **(env or {})})
 
 
 def test_typo_and_wrong_type_fail_before_any_work(tmp_path):
@@ -43,7 +38,7 @@ def test_typo_and_wrong_type_fail_before_any_work(tmp_path):
 def test_a_config_without_a_root_is_one_line(tmp_path, command):
     config = tmp_path / "rootless.yaml"
     config.write_text("name: rootless\nsources:\n  - type: urls\n    urls: [http://127.0.0.1/x]\n")
-    result = vlcorpus(command, str(config), env={"VLCORPUS_ROOT": ""})
+    result = vlcorpus(command, str(config), env={**os.environ, "VLCORPUS_ROOT": ""})
     assert result.returncode == 2, result.stderr
     assert " ".join(result.stderr.split()) == (
         "config 'rootless' has no corpus root: pass --root, set `root:` in it, or set VLCORPUS_ROOT "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, require_binaries
+from conftest import ROOT, require_binaries, vlcorpus
 
 # What the extras bring (pyproject.toml): hidden, these are not importable and not found.
 EXTRAS_ONLY = ("torch", "torchvision", "transformers", "faster_whisper", "google.cloud.speech",
@@ -54,11 +54,6 @@ def core_only(tmp_path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
 
 
-def _vlcorpus(env: dict[str, str], *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=ROOT)
-
-
 def test_the_extras_are_hidden(core_only):
     probe = ("import importlib.util, sys; "
              f"print([m for m in {EXTRAS_ONLY!r} if importlib.util.find_spec(m.split('.')[0]) "
@@ -87,7 +82,7 @@ def _config(path: Path, root: Path, extra: str) -> Path:
 @pytest.mark.slow
 def test_a_build_missing_an_extra_is_one_line_before_any_work(tmp_path, core_only, extra, section, what):
     root = tmp_path / "root"
-    result = _vlcorpus(core_only, "build", str(_config(tmp_path / "c.yaml", root, section)), "--quiet")
+    result = vlcorpus("build", str(_config(tmp_path / "c.yaml", root, section)), "--quiet", env=core_only, cwd=ROOT)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip() == f"{what}: pip install 'vlcorpus[{extra}]'"
     assert not (root / "videos").exists()
@@ -96,7 +91,7 @@ def test_a_build_missing_an_extra_is_one_line_before_any_work(tmp_path, core_onl
 @pytest.mark.parametrize("command", ["train", "eval"])
 def test_training_commands_name_the_train_extra(tmp_path, core_only, command):
     config = _config(tmp_path / "c.yaml", tmp_path / "root", "")
-    result = _vlcorpus(core_only, command, str(config))
+    result = vlcorpus(command, str(config), env=core_only, cwd=ROOT)
     assert result.returncode == 2
     assert result.stderr.strip() == "training needs the torch package: pip install 'vlcorpus[train]'"
 
@@ -119,7 +114,7 @@ def test_the_core_install_builds_shards_from_subtitles(tmp_path, core_only):
                       "transcribe: {prefer: [manual, auto]}\n"
                       "shards: {webdataset: {include_media: true}}\n")
     with serve_demo(site):
-        result = _vlcorpus(core_only, "build", str(config), timeout=600)
+        result = vlcorpus("build", str(config), env=core_only, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     # What a person sees: where the logs went, one line per stage (plain: not a terminal), the
     # summary; Prefect's and Dask's own lines are in the log file.

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import vlcorpus
 from hubkit import COMMIT, hub_env, pinned_command, sha256, stand_in_hub, unreachable_hub
 
 pytest.importorskip("torchvision")
@@ -36,8 +37,7 @@ MILNCE = "/cluster-willow/amiech/howto100m/"
 
 
 def fetch_models(config: Path, env: dict[str, str], pins: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(pinned_command(pins, "pipeline.cli", "fetch-models", str(config)), env=env,
-                          capture_output=True, text=True, timeout=300)
+    return vlcorpus("fetch-models", str(config), env=env, launcher=pinned_command(pins, "pipeline.cli"))
 
 
 @pytest.mark.slow

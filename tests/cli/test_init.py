@@ -5,25 +5,18 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, vlcorpus
 from pipeline.config import SCHEMA_PATH, SearchSource, load_config, parse_config
 from pipeline.starter import SCHEMA_COMMENT, STYLES, template
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 STARTERS = ROOT / "pipeline" / "starters"
-
-
-def vlcorpus(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 def schema_target(path: Path) -> Path:
@@ -67,8 +60,7 @@ def key_settings(style: str, cfg) -> None:
 def test_init_writes_a_starter_that_loads(tmp_path, style):
     out = tmp_path / "configs here"  # created; a space in the path
     name = f"my_{style}"
-    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "init", name, "--style", style,
-                             "--out", str(out)], capture_output=True, text=True, timeout=300)
+    result = vlcorpus("init", name, "--style", style, "--out", str(out))
     assert result.returncode == 0, result.stderr
     path = out / f"{name}.yaml"
     assert str(path) in result.stderr

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import stagekit
+from conftest import vlcorpus
 from pipeline.corpus import partitions
 from pipeline.errors import BlockedError, TransientError
 from pipeline.runner import (
@@ -58,11 +59,6 @@ DOWNLOAD = Stage(name="download", output="downloads", source="videos", inputs=ta
 @pytest.fixture(autouse=True)
 def _fresh_flaky():
     stagekit._flaky_seen.clear()
-
-
-def vlcorpus(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 def _clip(vid: str, i: int) -> dict:
@@ -138,8 +134,7 @@ def build(root: Path) -> dict[str, dict]:
 def test_status_json_counts_every_stage(tmp_path):
     root = tmp_path / "corpus"
     expected = build(root)
-    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "status", str(root), "--json"],
-                            capture_output=True, text=True, timeout=300)
+    result = vlcorpus("status", str(root), "--json")
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     assert status["root"] == str(root) and status["partitions"] == 4

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, vlcorpus
 
 
 def _deploy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     # An API address nothing listens on: a check that passed would fail to connect instead.
     base = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": "http://127.0.0.1:9/api"}
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", "deploy", *args], cwd=ROOT,
-                          env={**base, **(env or {})}, capture_output=True, text=True, timeout=300)
+    return vlcorpus("deploy", *args, cwd=ROOT, env={**base, **(env or {})})
 
 
 @pytest.mark.parametrize("how", ["option", "environment"])

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT, own_prefect_server, require_binaries
+from conftest import ROOT, own_prefect_server, require_binaries, vlcorpus
 
 pytestmark = pytest.mark.slow  # every test here starts real builds
 
@@ -138,8 +138,7 @@ def test_a_refused_build_starts_nothing_and_writes_nothing(tmp_path):
 
 def test_the_module_entry_point_is_the_script(tmp_path):
     """`python -m pipeline.cli` runs what the `vlcorpus` script runs, exit codes included."""
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "build", str(tmp_path / "none.yaml")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    done = vlcorpus("build", str(tmp_path / "none.yaml"), cwd=ROOT, timeout=60)
     assert done.returncode == 2 and "does not exist" in done.stderr
 
 

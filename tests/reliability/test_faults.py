@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, dask_cluster, require_binaries
+from conftest import ROOT, dask_cluster, require_binaries, vlcorpus
 from sitekit import copy_site, spread_pages
 from pipeline.download import stage as download
 from pipeline.config import parse_config
@@ -202,8 +202,7 @@ def test_sigkill_at_several_points_then_rerun_equals_clean_build(served, tmp_pat
     assert tables(killed) == tables(clean)
     # Every shard file of both formats and their indexes, byte for byte.
     assert shard_bytes(killed) == shard_bytes(clean)
-    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "validate", str(killed)],
-                            capture_output=True, text=True)
+    result = vlcorpus("validate", str(killed))
     assert result.returncode == 0, result.stderr
 
 

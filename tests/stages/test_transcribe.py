@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from datetime import UTC, datetime
 
 import pytest
 from speech import tiny_model_path, wer
 
-from conftest import TESTS
+from conftest import TESTS, vlcorpus
 from pipeline.transcribe import stage as transcribe
 from pipeline.config import parse_config
 from pipeline.demo import DemoSite
@@ -167,13 +165,8 @@ def test_unusable_text_sources_are_errors_and_sound_only_is_empty(tmp_path):
     assert report.ok == 1
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", "transcript", *args],
-                          capture_output=True, text=True, timeout=300)
-
-
 def test_transcript_command_on_subtitles_and_media(demo_corpus):
-    result = _cli(str(DATA / "c04_crlf_hoursless_multiline_bold_libwebvtt.vtt"))
+    result = vlcorpus("transcript", str(DATA / "c04_crlf_hoursless_multiline_bold_libwebvtt.vtt"))
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert lines and all(set(r) == {"start", "end", "text", "source"} for r in lines)
@@ -181,10 +174,10 @@ def test_transcript_command_on_subtitles_and_media(demo_corpus):
 
     root, _ = demo_corpus
     media = sorted((root / "media").glob("*.mp4"))[0]
-    result = _cli(str(media), "--model", tiny_model_path())
+    result = vlcorpus("transcript", str(media), "--model", tiny_model_path())
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert rows and {r["source"] for r in rows} == {"asr:faster-whisper"}
 
-    missing = _cli(str(media), "--model", "no-such-model")
+    missing = vlcorpus("transcript", str(media), "--model", "no-such-model")
     assert missing.returncode == 1 and "no-such-model" in missing.stderr

@@ -4,14 +4,13 @@ and `vlcorpus migrate` moves it into partitions with nothing lost."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from conftest import vlcorpus
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.tablefile import MANIFEST_KEY, STATS_KEY
 from pipeline.corpus.validate import validate
@@ -57,18 +56,14 @@ def _old_corpus(root: Path) -> None:
             "values": [0.5, 1.0]} for c in clips], {c["clip_id"]: 1 for c in clips})
 
 
-def _vlcorpus(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True)
-
-
 def test_flat_corpus_is_refused_then_migrated(tmp_path):
     root = tmp_path / "old"
     _old_corpus(root)
-    refused = _vlcorpus("validate", str(root))
+    refused = vlcorpus("validate", str(root))
     assert refused.returncode == 1 and f"vlcorpus migrate {root}" in refused.stdout + refused.stderr
     before = {t: pq.read_table(root / t).num_rows for t in ("videos", "downloads", "clips", "errors")}
 
-    moved = _vlcorpus("migrate", str(root), "--partitions", "4")
+    moved = vlcorpus("migrate", str(root), "--partitions", "4")
     assert moved.returncode == 0, moved.stderr
     corpus = Corpus(str(root))
     assert corpus.partitions == 4
@@ -79,5 +74,5 @@ def test_flat_corpus_is_refused_then_migrated(tmp_path):
     assert len(corpus.done("features/resnet34")) == 9
     assert not list(root.glob("*/*.parquet")) and not list(root.glob("features/*/*.parquet"))
     assert validate(corpus) == []
-    again = _vlcorpus("migrate", str(root))
+    again = vlcorpus("migrate", str(root))
     assert again.returncode == 0 and "rows moved: nothing" in again.stdout + again.stderr

@@ -6,14 +6,13 @@ the trainer writes load as before."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import trainkit
+from conftest import vlcorpus
 from pipeline.corpus.storage import Corpus
 from pipeline.train.checkpoint import UnsafeCheckpoint, load_checkpoint
 
@@ -37,17 +36,12 @@ def _config(tmp_path: Path, root: Path) -> Path:
     return config
 
 
-def _vlcorpus(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
-                          timeout=300)
-
-
 @pytest.fixture
 def trained(tmp_path):
     root = tmp_path / "root"
     trainkit.synthetic_features(Corpus(str(root)), n=40)
     config = _config(tmp_path, root)
-    done = _vlcorpus("train", str(config), "--device", "cpu")
+    done = vlcorpus("train", str(config), "--device", "cpu")
     assert done.returncode == 0, done.stderr[-3000:]
     (root / "config.yaml").write_text(config.read_text())  # as a build leaves it: `vlcorpus eval ROOT` reads it
     return root, config
@@ -69,7 +63,7 @@ def test_a_planted_checkpoint_is_refused_and_runs_nothing(trained, tmp_path):
     marker = tmp_path / "pwned"
     planted = checkpoints / "epoch_0020.pt"
     _plant(planted, marker)
-    evaluated = _vlcorpus("eval", str(root), "--device", "cpu")
+    evaluated = vlcorpus("eval", str(root), "--device", "cpu")
     assert evaluated.returncode == 2
     lines = evaluated.stderr.strip().splitlines()
     assert len(lines) == 1 and str(planted) in lines[0], evaluated.stderr
@@ -87,7 +81,7 @@ def test_a_planted_checkpoint_is_refused_and_runs_nothing(trained, tmp_path):
     assert not marker.exists()
 
     # A training run resuming from it starts over, and the planted file is replaced.
-    again = _vlcorpus("train", str(config), "--device", "cpu")
+    again = vlcorpus("train", str(config), "--device", "cpu")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "training starts over" in again.stderr
     assert not planted.exists()
