@@ -41,7 +41,8 @@ def _config(library: str, workdir: Path, endpoint: str | None) -> dict[str, Any]
     if library == "ctranslate2":
         return {**base, "transcribe": {"prefer": ["asr"], "asr": {"model": tiny_model_path(), "language": "en"}}}
     if library == "grpc":
-        return {**base, "transcribe": {"prefer": ["asr"], "asr": {"backend": "google", "google": {"endpoint": endpoint}}}}
+        return {**base, "transcribe": {"prefer": ["asr"],
+                                       "asr": {"backend": "google", "google": {"endpoint": endpoint}}}}
     if library == "torch":
         return {**base, "features": {"extractors": [{"name": "resnet34", "weights": "none"}]}}
     if library == "transformers":

@@ -14,7 +14,8 @@ Corpus-wide steps (discover, train, report) are a separate kind, ``Step``: one u
 whole corpus, whose failure is an errors row in the ``corpus`` partition like any item's.
 
 ``stage.py`` defines stages and what they work with, ``plan.py`` finds what is left of one in a
-partition, ``run.py`` runs it, ``watchdog.py`` tells a stalled batch from a slow one; this module is the package's one import path for all three.
+partition, ``run.py`` runs it, ``watchdog.py`` tells a stalled batch from a slow one; this module
+is the package's one import path for all three.
 """
 
 from pipeline.runner.plan import FINAL_KINDS, KeySets, PartitionPlan, final_errors, key_sets, plan_partition

@@ -72,7 +72,8 @@ def test_the_fork_server_starts_no_thread_and_loads_no_model():
     OpenBLAS and Arrow's jemalloc (both see to forks themselves), which importing the flows adds
     nothing to."""
     script = ("import os, threading, sys\n"
-              "threads = lambda: sorted(open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task'))\n"
+              "threads = lambda: sorted(open(f'/proc/self/task/{t}/comm').read().strip()\n"
+              "                         for t in os.listdir('/proc/self/task'))\n"
               "import numpy, pyarrow\n"
               "before = threads()\n"
               "import flows.worker_start\n"

@@ -34,7 +34,8 @@ def videos(tmp_path_factory):
     for name, options in VIDEOS.items():
         paths[name] = folder / f"{name}.mp4"
         subprocess.run(["ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc2=size=320x240:rate=10",
-                        "-f", "lavfi", "-i", "mandelbrot=size=320x240:rate=10", "-filter_complex", "blend=all_mode=average",
+                        "-f", "lavfi", "-i", "mandelbrot=size=320x240:rate=10",
+                        "-filter_complex", "blend=all_mode=average",
                         "-t", "1", "-c:v", "libx264", *options, str(paths[name])], check=True)
     return paths
 
