@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, vlcorpus
 from infrakit import INFRA, documents, lists_under
 
 BIN = Path(sys.executable).parent
@@ -97,9 +97,9 @@ def test_deploy_registers_every_deployment(prefect_server, tmp_path):
     shutil.copytree(ROOT / "configs", workdir / "configs")
     (workdir / "configs" / "spoken_moments.csv").write_text("url,start,end\n")
     (workdir / "configs" / "HowTo100M_v1.csv").write_text("video_id\n")
-    command = [sys.executable, "-m", "pipeline.cli", "deploy", "--working-dir", str(workdir)]
+    deploy = ("deploy", "--working-dir", str(workdir))
     env = {**os.environ, "VLCORPUS_ROOT": "s3://corpora/nightly"}
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = vlcorpus(*deploy, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     with get_client(sync_client=True) as client:
         # Defaults (null limit and sort) are what broke with FastAPI 0.151 (pyproject.toml).
@@ -116,7 +116,7 @@ def test_deploy_registers_every_deployment(prefect_server, tmp_path):
     assert weekly.job_variables == {"working_dir": str(workdir), "env": {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}}
     assert weekly.tags == ["vlcorpus-heartbeats"]  # its runs are watched from their start
     assert deployments["rebuild"].parameters == {}  # config comes with each run
-    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    again = vlcorpus(*deploy, cwd=ROOT, env=env)
     assert again.returncode == 0  # idempotent: updates in place
     with get_client(sync_client=True) as client:
         automations = sorted((a.name, _window(a.trigger)) for a in client.read_automations())
