@@ -109,12 +109,17 @@ def spare_port() -> int:
             return port
 
 
+# The installed `vlcorpus` script, for the tests that run it as a user types it.
+SCRIPT = str(Path(sys.executable).with_name("vlcorpus"))
+
+
 def vlcorpus(*args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None,
              timeout: float = 300, launcher: Sequence[str] = (sys.executable, "-m", "pipeline.cli"),
              ) -> subprocess.CompletedProcess:
-    """``vlcorpus ARGS`` in a process of its own, as the console script runs it, its output
-    captured. ``env``: the whole environment (this process's by default); ``launcher``: the
-    command that runs the CLI (another venv's python, or hubkit.pinned_command's)."""
+    """``vlcorpus ARGS`` in a process of its own, its output captured. ``env``: the whole
+    environment (this process's by default). ``launcher``: the command that runs the CLI, by
+    default ``python -m pipeline.cli`` (what the script runs); ``(SCRIPT,)``, another venv's
+    python, or hubkit.pinned_command's."""
     return subprocess.run([*launcher, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=cwd, env=env)
 

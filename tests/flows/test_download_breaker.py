@@ -13,8 +13,6 @@ against a local site that blocks the session.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import require_binaries
+from conftest import SCRIPT, require_binaries, vlcorpus
 from flakyserver import Block, flaky_server, tiny_mp4
 from flows.build import run_build
 from pipeline.download.breaker import Policy, refused
@@ -35,7 +33,6 @@ from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
 
-VLCORPUS = str(Path(sys.executable).with_name("vlcorpus"))
 PARTITIONS = 4
 
 
@@ -50,8 +47,8 @@ def _config(name: str, urls: list[str], download: dict, execution: dict) -> dict
 def _build(config: Path, root: Path) -> dict:
     """`vlcorpus build CONFIG --until download --json` as typed, in a shell whose Prefect API is
     the test's server (the breaker's state lives there); the build's summary."""
-    done = subprocess.run([VLCORPUS, "build", str(config), "--root", str(root), "--until", "download", "--json"],
-                          cwd=config.parent, capture_output=True, text=True, timeout=600)
+    done = vlcorpus("build", str(config), "--root", str(root), "--until", "download", "--json",
+                    cwd=config.parent, timeout=600, launcher=(SCRIPT,))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -24,7 +24,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import ROOT, require_binaries
+from conftest import ROOT, SCRIPT, require_binaries
 from sitekit import port_for_splits
 
 pytestmark = pytest.mark.slow
@@ -130,12 +130,12 @@ def test_a_deployment_builds_on_postgres_dask_and_s3(stack, tmp_path):
             "storage": {"keep_media": False},
             "execution": {"batch_size": 4, "partitions": 4, "gpu_resource": True},
         }))
-        deployed = _run([str(BIN / "vlcorpus"), "deploy", "--name", "rebuild"], env)
+        deployed = _run([SCRIPT, "deploy", "--name", "rebuild"], env)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         before = _store(stack)
         _rebuild(stack, config, root)
         store = _store(stack)
-        status = json.loads(_run([str(BIN / "vlcorpus"), "status", root, "--json"], env).stdout)
+        status = json.loads(_run([SCRIPT, "status", root, "--json"], env).stdout)
         server_log = (Path(stack.dir) / "logs" / "prefect-server.log").read_text()
         _stack("restart", "postgres", "--dir", stack.dir)
         _stack("kill", "dask-worker-cpu-1", "--dir", stack.dir)
@@ -146,9 +146,9 @@ def test_a_deployment_builds_on_postgres_dask_and_s3(stack, tmp_path):
     assert stages["shard"]["done"] == stages["featurize:resnet34"]["done"] > VIDEOS  # clips
     assert stages["score:nce"]["done"] == stages["featurize:resnet34"]["done"] and status["corpus_errors"] == {}
     assert store["requests"] > before["requests"] and store["bytes_in"] > 0  # the root is on S3
-    checked = _run([str(BIN / "vlcorpus"), "validate", root], env)
+    checked = _run([SCRIPT, "validate", root], env)
     assert checked.returncode == 0 and "valid" in checked.stdout, checked.stdout + checked.stderr
-    assert json.loads(_run([str(BIN / "vlcorpus"), "status", root, "--json"], env).stdout)["stages"] == stages
+    assert json.loads(_run([SCRIPT, "status", root, "--json"], env).stdout)["stages"] == stages
     assert "OperationalError" not in server_log and "database is locked" not in server_log
     assert _featurize_workers(root, env) == {"dask-worker-gpu-1"}
 
@@ -188,7 +188,7 @@ def test_scheduled_runs_missed_while_the_worker_was_down_collapse_to_the_newest(
                        "timezone": "UTC"}],
         "work_pool": {"name": "vlcorpus"}}]}))
     _stack("kill", "prefect-worker", "--dir", stack.dir)
-    deployed = _run([str(BIN / "vlcorpus"), "deploy", "--file", str(deployments)], env)
+    deployed = _run([SCRIPT, "deploy", "--file", str(deployments)], env)
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     with temporary_settings({PREFECT_API_URL: stack.api_url, PREFECT_API_AUTH_STRING: stack.auth}), \
             get_client(sync_client=True) as client:

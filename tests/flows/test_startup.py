@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT, own_prefect_server, require_binaries, vlcorpus
+from conftest import ROOT, SCRIPT, own_prefect_server, require_binaries, vlcorpus
 
 pytestmark = pytest.mark.slow  # every test here starts real builds
 
@@ -68,7 +67,7 @@ def _start(config: Path, mark: str, *args: str, first: bool = False) -> subproce
     after any first build (migrating costs a server 5 CPU-s more)."""
     first_home = {"PREFECT_HOME": str(config.parent / "prefect-home"),
                   "PREFECT_API_DATABASE_MIGRATE_ON_START": "false"} if first else {}
-    return subprocess.Popen([str(Path(sys.executable).with_name("vlcorpus")), "build", str(config), *args],
+    return subprocess.Popen([SCRIPT, "build", str(config), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=config.parent,
                             env={**os.environ, "VLCORPUS_TEST_MARK": mark, **first_home})
 

@@ -10,7 +10,6 @@ import csv
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,12 +17,11 @@ import pyarrow.dataset as ds
 import pytest
 import yaml
 
-from conftest import require_binaries
+from conftest import SCRIPT, require_binaries, vlcorpus
 from speech import tiny_model_path
 
 pytestmark = pytest.mark.slow
 
-VLCORPUS = str(Path(sys.executable).with_name("vlcorpus"))
 # A build's bound; VLCORPUS_TEST_BUILD_TIMEOUT_S overrides every one (to see a hang's report).
 BUILD_TIMEOUT_S = 360
 
@@ -44,8 +42,7 @@ def site(tmp_path_factory):
 
 def _init(tmp_path: Path, style: str) -> tuple[Path, dict]:
     """`vlcorpus init my_corpus --style STYLE` in tmp_path: the starter's path and its keys."""
-    done = subprocess.run([VLCORPUS, "init", "my_corpus", "--style", style], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = vlcorpus("init", "my_corpus", "--style", style, cwd=tmp_path, timeout=120, launcher=(SCRIPT,))
     assert done.returncode == 0, done.stderr[-3000:]
     config = tmp_path / "my_corpus.yaml"
     return config, yaml.safe_load(config.read_text())
@@ -84,7 +81,7 @@ def _build(config: Path, root: Path, timeout_s: float = BUILD_TIMEOUT_S) -> floa
     stdout, stderr = config.parent / "build.out", config.parent / "build.err"
     started = time.monotonic()
     with open(stdout, "w") as out, open(stderr, "w") as err:
-        build = subprocess.Popen([VLCORPUS, "build", str(config)], cwd=config.parent, env=env,
+        build = subprocess.Popen([SCRIPT, "build", str(config)], cwd=config.parent, env=env,
                                  stdout=out, stderr=err, start_new_session=True)
     try:
         build.wait(timeout=timeout_s)
@@ -130,7 +127,7 @@ def _check_corpus(root: Path, features: list[str]) -> ds.Dataset:
     assert sorted(table.column("clip_id").to_pylist()) == sorted(s["clip_id"] for s in samples)
     report = root / "report"
     assert (report / "stats.json").exists() and (report / "report.html").exists()
-    checked = subprocess.run([VLCORPUS, "validate", str(root)], capture_output=True, text=True, timeout=300)
+    checked = vlcorpus("validate", str(root), launcher=(SCRIPT,))
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
     return ds.dataset(str(root / "segments"), format="parquet")
 

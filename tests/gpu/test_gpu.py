@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require_binaries
+from conftest import SCRIPT, require_binaries, vlcorpus
 
 torch = pytest.importorskip("torch")
 av = pytest.importorskip("av")
@@ -96,9 +94,8 @@ def test_a_build_featurizes_on_the_gpu_worker(tmp_path):
         "transcribe: {prefer: [manual]}\nalign: {policy: subtitle_span, min_s: 0.5, max_s: 5.0}\n"
         "features:\n  extractors:\n    - {name: resnet34, weights: none, fps: 2}\n"
         "    - {name: s3d, weights: none, fps: 10, frames: 16}\n")
-    done = subprocess.run([str(Path(sys.executable).with_name("vlcorpus")), "build", str(config),
-                           "--until", "featurize", "--json"], capture_output=True, text=True, timeout=900,
-                          cwd=tmp_path, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    done = vlcorpus("build", str(config), "--until", "featurize", "--json", timeout=900, cwd=tmp_path,
+                    env={**os.environ, "PYTHONFAULTHANDLER": "1"}, launcher=(SCRIPT,))
     assert done.returncode == 0, done.stderr[-4000:]
     stages = json.loads(done.stdout.strip().splitlines()[-1])["stages"]
     for name in ("featurize:resnet34", "featurize:s3d"):
