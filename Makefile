@@ -16,18 +16,25 @@ EXPORT := $(UV) export --quiet --frozen --all-extras --no-emit-project --no-hash
 PY312 ?= $(firstword $(shell for p in $$(command -v python3.12) $(HOME)/.pyenv/versions/3.12*/bin/python3.12; do "$$p" -c '' 2>/dev/null && echo "$$p"; done))
 VENV312 := .venv-py312
 TORCH_FREE_TESTS := tests/stages tests/storage
+# The suite's runs after `make system`: a test that needs a binary it installs (ffmpeg, ffprobe,
+# espeak-ng, chromium, PostgreSQL) fails where that binary is missing, instead of skipping as on
+# a machine that never ran it (tests/conftest.py, missing_system).
+INSTALLED := VLCORPUS_TESTS_SYSTEM_INSTALLED=1
 
 .PHONY: secrets demo test test-gpu test-py312 lock lock-upgrade lock-check docs reference system venv schema clean
 
 # Debian packages, only when a binary is missing (needs root or sudo); chromium checks the
 # HTML report in the tests, PostgreSQL is the Prefect server's database in the production
-# rehearsal (infra/stack.py).
+# rehearsal (infra/stack.py), SLURM and munge run the one-node cluster the SLURM tests submit
+# jobs to (tests/slurmkit.py).
 system:
 	@missing=""; \
 	command -v ffmpeg >/dev/null || missing="$$missing ffmpeg"; \
 	command -v espeak-ng >/dev/null || missing="$$missing espeak-ng"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v slurmctld >/dev/null || missing="$$missing slurm-wlm"; \
+	command -v munged >/dev/null || missing="$$missing munge"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -62,7 +69,7 @@ demo: venv
 # 7.5 CPU-s, 5.8 with them kept).
 test: venv lock-check test-py312
 	$(PY) -m compileall -q pipeline flows tests bench >/dev/null
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(INSTALLED) PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The GPU layer (tests marked gpu: the copy stream, NVDEC against the CPU decoder, a build on
 # the GPU worker), on a machine with CUDA; docs/contributing.md says how to run it offline.
@@ -76,7 +83,7 @@ test-py312: system $(if $(PY312),$(VENV312)/.installed)
 	  echo "no python3.12 found: the Python 3.12 tests are skipped (set PY312=/path/to/python3.12)"; \
 	  [ "$$CI" != true ]; \
 	else \
-	  PYTHONDONTWRITEBYTECODE= $(VENV312)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" -n 3 $(TORCH_FREE_TESTS); \
+	  $(INSTALLED) PYTHONDONTWRITEBYTECODE= $(VENV312)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" -n 3 $(TORCH_FREE_TESTS); \
 	fi
 
 # After editing the dependencies in pyproject.toml: the lock follows, changing no other version.

@@ -220,7 +220,7 @@ def night_passes(stack: Stack, timeout_s: float = 600) -> None:
 
 def deployment_run(env: dict[str, str], root: str, log: Path, *params: str) -> tuple[float, str, str]:
     """`prefect deployment run` of the rehearsal (``params``: more ``name=value``), watched to its
-    end: (seconds, state, run name)."""
+    end: (seconds, state, run id)."""
     from prefect.client.orchestration import get_client
 
     start = time.perf_counter()
@@ -235,12 +235,12 @@ def deployment_run(env: dict[str, str], root: str, log: Path, *params: str) -> t
     run_id = re.search(r"UUID: ([0-9a-f-]{36})", done.stdout).group(1)
     with _api(env), get_client(sync_client=True) as client:
         this = client.read_flow_run(run_id)
-    return time.perf_counter() - start, this.state.type.value if this.state else "UNKNOWN", this.name
+    return time.perf_counter() - start, this.state.type.value if this.state else "UNKNOWN", str(this.id)
 
 
 def rerun_of(env: dict[str, str], crashed: str) -> tuple[float, str]:
-    """The automatic rerun of the Crashed run named ``crashed``, watched to its end: (seconds
-    from now, state)."""
+    """The automatic rerun of the Crashed run whose id is ``crashed``, watched to its end:
+    (seconds from now, state)."""
     start = time.perf_counter()
     while time.perf_counter() - start < GIVE_UP_S:
         reruns = [r for r in flow_runs(env) if r.parameters.get("rerun_of") == crashed]
@@ -374,11 +374,11 @@ def main() -> None:
             faults: list[str] = []
             if args.faults:
                 threading.Thread(target=inject, args=(stack, 60.0, faults), daemon=True).start()
-            wall, state, name = deployment_run(env, root, log)
+            wall, state, run_id = deployment_run(env, root, log)
             runs = 1
             if state == "CRASHED":  # it died with the Prefect worker; its rerun builds the rest
                 set_faults(stack, p500=0, p503=0, pslow=0)
-                more, state = rerun_of(env, name)
+                more, state = rerun_of(env, run_id)
                 wall, runs = wall + more, 2
             peaks.done.set()
             after = store_counts(stack)

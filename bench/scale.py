@@ -125,7 +125,7 @@ def plan_all(root: str) -> dict:
 
 def status_all(root: str) -> dict:
     """In this (fresh) process: `vlcorpus status` of the corpus (every stage, every partition)."""
-    from pipeline.corpus.status import corpus_status
+    from pipeline.compose.status import corpus_status
 
     started = time.perf_counter()
     status = corpus_status(Corpus(root), parse_config(CONFIG))

@@ -122,12 +122,12 @@ def read(what: str, root: str) -> float:
     the reads, not the imports, are measured)."""
     import pipeline.report.stats  # noqa: F401
     import pipeline.compose.stages  # noqa: F401
-    import pipeline.corpus.status  # noqa: F401
+    import pipeline.compose.status  # noqa: F401
 
     cfg, corpus = parse_config(CONFIG), Corpus(root)
     started = time.perf_counter()
     if what == "status":
-        from pipeline.corpus.status import corpus_status
+        from pipeline.compose.status import corpus_status
 
         corpus_status(corpus, cfg)
     elif what == "summary":
@@ -139,7 +139,7 @@ def read(what: str, root: str) -> float:
 
         compute_stats(corpus)
     elif what == "idle":
-        from pipeline.corpus.status import idle_partitions, partition_stages
+        from pipeline.compose.status import idle_partitions, partition_stages
 
         idle_partitions(corpus, cfg, [s.name for s in partition_stages(cfg)])
     elif what == "validate":

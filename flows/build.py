@@ -1,7 +1,8 @@
 """The pipeline as Prefect flows: ``build_corpus``, and one flow per stage.
 
 ``build_corpus`` discovers, then moves the corpus partition by partition: each partition's
-download → transcribe → align → featurize → shard is a chain of tasks on the Dask cluster,
+download → transcribe → align → featurize → shard is a chain on the Dask cluster (one task, or
+one for each run of stages that go to the same kind of worker),
 with at most ``execution.max_inflight_partitions`` chains at once, so one partition is
 featurized while the next downloads, and (with ``storage.keep_media: false``) only that many
 partitions hold media. Then the shard listings, training and the report; with a score section,
@@ -11,18 +12,21 @@ the whole corpus in turn instead; a stage flow alone is ``vlcorpus build --stage
 deployment entrypoint. The partition passes themselves are flows/partition_passes.py.
 
 The flows only compose pipeline/. Tasks plan their own partition and return small reports;
-the tables are the results, so nothing large is held in Prefect. Task runs grow with
-partitions × stages, not with items. Downloads take slots of a global concurrency limit that
+the tables are the results, so nothing large is held in Prefect. Task runs grow with the
+partitions that have work, not with items. Downloads take slots of a global concurrency limit that
 holds across workers: Prefect's, shared by the builds on a Prefect server, or the Dask
 cluster's for a build on its own temporary server (flows/partition_passes.py, ``where_limits``).
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations``: a served deployment (``rebuild_corpus.serve()``)
+# sends the flow to its run's process by value, with only the globals its body reads, and
+# Prefect validates the parameters from their annotations there (``rerun_of``'s UUID).
 
 import json
 import time
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 # Prefect imports these at a process's first flow call: imported with the flows, they load
 # while the temporary server starts, not after it is up (0.1 s).
@@ -32,10 +36,12 @@ from prefect import Flow, flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.states import Cancelled, Failed
+import dask
 from prefect.task_runners import TaskRunner
 from prefect_dask import DaskTaskRunner
 
-from flows.partition_passes import flow_limits, run_partitions
+from flows import clusters
+from flows.partition_passes import backend, flow_limits, result_of, run_partitions, task_resources, where_limits
 from flows.build_progress import publish_summary
 from flows.services import build_services
 from flows.rerun import name_rerun
@@ -56,14 +62,27 @@ from pipeline.corpus.summary import summarize
 
 @task(name="step", task_run_name="{step_name}", retries=2, retry_delay_seconds=[2, 10],
       cache_policy=NO_CACHE, persist_result=False)
-def step_task(step_name: str, root: str, cfg: Config) -> dict[str, Any]:
-    """A corpus-wide step, called (not submitted) in the flow's process, with the build's shared
-    limits: discover's searches go through the downloads' network watch."""
+def step_task(step_name: str, root: str, cfg: Config, limits_on: str | None = None) -> dict[str, Any]:
+    """A corpus-wide step with the build's shared limits (discover's searches go through the
+    downloads' network watch): called in the flow's process (``limits_on`` None), or submitted
+    to a worker with where the limits are (see ``run_step_task``)."""
     started = time.monotonic()
     step = next(p for p in parts(step_name, cfg))
-    with limits.using(flow_limits()):
+    with limits.using(backend(limits_on) if limits_on else flow_limits()):
         report = run_step(step, context(Corpus(root), cfg))
     return {**report, "seconds": time.monotonic() - started}
+
+
+def run_step_task(step_name: str, corpus: Corpus, cfg: Config) -> dict[str, Any]:
+    """A corpus-wide step: in the flow's process on a local cluster, on a worker elsewhere (a
+    SLURM login node or a Prefect worker's pod runs no stage); training on a GPU worker where
+    the cluster has a GPU pool."""
+    found = clusters.current()
+    if found is None or found.local:
+        return step_task(step_name, corpus.url, cfg)
+    with dask.annotate(**task_resources(gpu=step_name == "train" and found.gpu_pool)):
+        future = step_task.submit(step_name, corpus.url, cfg, where_limits())
+    return result_of(future)
 
 
 # A flow's config parameter: a YAML path, a Config or its dict. Typed loosely on purpose: a
@@ -91,7 +110,7 @@ def _stage_flow(name: str) -> Flow:
         cfg = resolve_config(config)
         corpus = _start(cfg, cfg.corpus_root(root))
         if SPECS[name].scope == "corpus":
-            return {p.name: step_task(p.name, corpus.url, cfg) for p in parts(name, cfg)}
+            return {p.name: run_step_task(p.name, corpus, cfg) for p in parts(name, cfg)}
         if name == "score" and parts(name, cfg) and (why := score_unavailable(corpus, cfg)):
             raise SetupError(why)
         return run_partitions([name], corpus, cfg, retry_failed, pipelined=False)
@@ -136,7 +155,7 @@ def build_corpus(
         # Corpus-wide steps run as tasks of this flow (a subflow each would cost a flow run
         # and a cluster connection for a step of seconds).
         for part in parts(name, cfg):
-            reports[part.name] = step_task(part.name, corpus.url, cfg)
+            reports[part.name] = run_step_task(part.name, corpus, cfg)
 
     partition_stages = [n for n in names if SPECS[n].scope == "partition" and n not in AFTER_TRAIN]
     after_train = [n for n in names if n in AFTER_TRAIN and parts(n, cfg)]
@@ -222,8 +241,10 @@ def run_build(
     ``check_build`` for these arguments already (the command line does)."""
     cfg = resolve_config(config)
     chosen = cfg.corpus_root(root)
-    # Before the cluster or any download: what the stages need is there.
+    # Before the cluster or any download: what the stages need is there, and the cluster would
+    # take the build's jobs.
     if not checked:
+        clusters.check(cfg, chosen, dask_address)
         check_build(cfg, until, stage)
     with root_lock(chosen, **_lock_owner()), build_services(cfg, chosen, dask_address) as address:
         runner = DaskTaskRunner(address=address)
@@ -266,20 +287,20 @@ def rebuild_corpus(
     until: str | None = None,
     dask_address: str | None = None,
     retry_failed: bool = False,
-    rerun_of: str | None = None,
+    rerun_of: UUID | None = None,
 ) -> dict[str, Any]:
     """The deployments' entry point (scheduled and ad hoc): ``build_corpus`` as a subflow on
     the Dask cluster of ``dask_address`` (or of the config, or a local one). An unhealthy
     build (the config's health section) ends Failed once everything it did is committed. A
     scheduled run with a newer one of its deployment also due (missed while no worker was up)
-    ends Cancelled without building: the newest builds. ``rerun_of``: the name of the Crashed
+    ends Cancelled without building: the newest builds. ``rerun_of``: the id of the Crashed
     run that this one runs again (set by a deployment's rerun, flows/rerun.py); a second rerun
     of the same run ends Cancelled too."""
     run = FlowRunContext.get().flow_run
     if rerun_of is not None:
-        name_rerun(run, rerun_of)  # first: the run's logs carry its new name
+        crashed = name_rerun(run, rerun_of)  # first: the run's logs carry its new name
         get_run_logger().warning("this run is %r run again, which ended Crashed; it resumes that build's "
-                                 "committed batches", rerun_of)
+                                 "committed batches", crashed)
     why = superseded(run) if rerun_of is None else repeated(run, rerun_of)
     if why is not None:
         get_run_logger().warning(why)

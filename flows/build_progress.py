@@ -22,6 +22,10 @@ from pipeline.progress import COLUMNS, progress_enabled, terminal
 # A build's output read by a program (CI, a scheduler's log): one line per stage at most this
 # often, and when the stage ends.
 PLAIN_EVERY_S = 30.0
+# A stage's progress artifact is updated at most this often, and when the stage ends: each
+# update is a request to the Prefect server, and a night at 2048 partitions ends a stage's
+# task in each of them.
+ARTIFACT_EVERY_S = 5.0
 
 
 @dataclass
@@ -34,6 +38,8 @@ class StageProgress:
     started: float = field(default_factory=time.monotonic)
     artifact: UUID | None = None
     printed: float = 0.0
+    published: float = 0.0
+    published_done: int = 0
 
     def line(self, stage: str) -> str:
         elapsed = time.monotonic() - self.started
@@ -76,13 +82,34 @@ class BuildProgress:
         elif time.monotonic() - stage.printed >= PLAIN_EVERY_S or stage.done == stage.partitions:
             terminal().print(line, markup=False, highlight=False, soft_wrap=True)
             stage.printed = time.monotonic()
+        if time.monotonic() - stage.published >= ARTIFACT_EVERY_S or stage.done == stage.partitions:
+            self._publish(stage, line)
+
+    def _publish(self, stage: StageProgress, line: str) -> None:
         if stage.artifact is not None:
             update_progress_artifact(stage.artifact, 100.0 * stage.done / stage.partitions,
                                      description=line)
+            stage.published, stage.published_done = time.monotonic(), stage.done
 
     def close(self) -> None:
+        """The bars stopped; each artifact as the stage ended (a stage that stopped early)."""
         if self._bars is not None:
             self._bars.stop()
+        for name, stage in self.stages.items():
+            if stage.done != stage.published_done:
+                self._publish(stage, stage.line(name))
+
+
+_cluster_line: list[str | None] = [None]
+
+
+def show_cluster(line: str | None) -> None:
+    """A line on the cluster's jobs ("SLURM: 1 CPU job running, 2 GPU jobs pending
+    (Resources)"), shown when it changes: a build waiting for jobs says so instead of nothing."""
+    if line is None or line == _cluster_line[0]:
+        return
+    _cluster_line[0] = line
+    terminal().print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def publish_summary(summary: dict[str, Any], report_url: str | None) -> None:

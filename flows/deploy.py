@@ -6,9 +6,9 @@ is chosen here (the given one, else where the deployments are registered) and ch
 anything is registered, rather than failing inside the worker at run time.
 
 Every deployment's runs send Prefect's heartbeats, and the server gets the automation that marks
-a run Crashed when they stop, or when none came since it entered Running (flows/liveness.py; the
-file's ``liveness`` section tunes both); a deployment with ``rerun_crashed_after_s`` runs a
-Crashed run again once (flows/rerun.py).
+a run Crashed when they stop, when none came since it entered Running, or when it never left
+Pending (flows/liveness.py; the file's ``liveness`` section tunes both); a deployment with
+``rerun_crashed_after_s`` runs a Crashed run again exactly once (flows/rerun.py).
 
 Entrypoints are module paths (``flows.build.rebuild_corpus``): Prefect loads a file entrypoint
 (``flows/build.py:...``) as a module named ``build``, and the tasks it sends to a Dask cluster

@@ -7,9 +7,13 @@ deployments' job variables so that no worker needs the variable), and one automa
 marks a run Crashed when its heartbeats stop: Prefect's answer to "zombie" flow runs. Prefect's
 own watch starts at a run's first heartbeat, so a process that died between entering Running
 and sending one would never be marked; the automation also watches the runs of the deployments
-registered here (which carry TAG, and send heartbeats) from their Running state. The Crashed
-state then fires the alert of infra/alerts.py, and a deployment's rerun (flows/rerun.py) where
-it has one.
+registered here (which carry TAG, and send heartbeats) from their Running state. And a run that
+died before it ran sends no heartbeat and never enters Running: a deployment's run whose worker
+took it (Pending) and died before it started its process, or a subflow run (which carries no
+tag) created Pending in a build's process that died before it ran it. The automation watches
+those from Pending, which a live run leaves within seconds, and marks one Crashed that sent
+neither a Running state nor a heartbeat within the same window. The Crashed state then fires
+the alert of infra/alerts.py, and a deployment's rerun (flows/rerun.py) where it has one.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from prefect.automations import Automation
-from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.events.actions import ChangeFlowRunState
 from prefect.events.schemas.automations import CompoundTrigger, EventTrigger, Posture
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from flows.automations import put
 
 NAME = "vlcorpus-crashed-when-silent"
 HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
@@ -33,8 +38,16 @@ TAG = "vlcorpus-heartbeats"
 # Prefect sends heartbeats no more often than this (prefect.flow_engine.MINIMUM_HEARTBEAT_INTERVAL).
 MIN_HEARTBEAT_S = 30
 # Any of these ends a run's watch: a heartbeat starts the next wait, a final state ends it.
-_ALIVE_OR_ENDED = {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
-                   "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"}
+# Failed and Crashed do not: the alert (infra/alerts.py) and the rerun (flows/rerun.py) act on
+# those, and when one automation of an event fails the server evaluates the event again for all
+# of them, up to four times, then drops it. A watch fails on a busy SQLite (it reads its record
+# before it writes it, and another commit can land between: "database is locked"); the alert's
+# and the rerun's triggers write first, and so wait for the lock instead. A watch that a Failed
+# or Crashed run leaves open fires once, and the server refuses to mark a finished run Crashed
+# ("Run is already in terminal state": a warning in its log).
+_ALIVE_OR_ENDED = {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Cancelled"}
+# And a Pending run's: Running starts the watch from Running where its run has one.
+_STARTED = {*_ALIVE_OR_ENDED, "prefect.flow-run.Running"}
 
 
 class Liveness(BaseModel):
@@ -59,14 +72,16 @@ class Liveness(BaseModel):
 
     def message(self) -> str:
         return (f"Crashed: its process sent no heartbeat for {self.crashed_after_s} s (the process or its "
-                f"machine died); its committed batches are kept and the next run of the root resumes them")
+                f"machine died, or its worker died before starting it); its committed batches are kept "
+                f"and the next run of the root resumes them")
 
 
-def _silent_after(event: str, related: list[dict[str, str | list[str]]], liveness: Liveness) -> EventTrigger:
-    """Fires for a flow run (matching ``related``) that sent no heartbeat and reached no final
-    state within ``crashed_after_s`` of its ``event``."""
+def _silent_after(event: str, related: list[dict[str, str | list[str]]], liveness: Liveness,
+                  expect: set[str] = _ALIVE_OR_ENDED) -> EventTrigger:
+    """Fires for a flow run (matching ``related``) that sent none of ``expect`` (a heartbeat,
+    a final state) within ``crashed_after_s`` of its ``event``."""
     return EventTrigger(
-        after={event}, expect=_ALIVE_OR_ENDED,
+        after={event}, expect=expect,
         match={"prefect.resource.id": "prefect.flow-run.*"}, match_related=related,
         for_each={"prefect.resource.id"},
         posture=Posture.Proactive, threshold=1, within=timedelta(seconds=liveness.crashed_after_s))
@@ -74,20 +89,23 @@ def _silent_after(event: str, related: list[dict[str, str | list[str]]], livenes
 
 def install(liveness: Liveness, flows: Iterable[str]) -> Automation:
     """Create (or replace) the server's automation that marks a run of ``flows`` (these flow
-    names: a build's subflow runs send heartbeats too) Crashed once its heartbeats stop, and a
-    run of a deployment tagged TAG that sent none since it entered Running."""
+    names: a build's subflow runs send heartbeats too) Crashed once its heartbeats stop, a run
+    of a deployment tagged TAG that sent none since it entered Running, and a run of one of
+    them, or a subflow run, that never left Pending."""
     of_flows = {"prefect.resource.role": "flow", "prefect.resource.name": sorted(flows)}
+    tagged = {"prefect.resource.id": f"prefect.tag.{TAG}"}
+    # A subflow run's events name the task run that stands for it in its parent's run.
+    subflow = {"prefect.resource.role": "task-run"}
     automation = Automation(
         name=NAME,
-        description=f"A vlcorpus run sent no heartbeat for {liveness.crashed_after_s} s: mark it Crashed.",
+        description=f"A vlcorpus run sent no heartbeat, or stayed Pending, for {liveness.crashed_after_s} s: "
+                    f"mark it Crashed.",
         trigger=CompoundTrigger(require="any", triggers=[
             _silent_after("prefect.flow-run.heartbeat", [of_flows], liveness),
-            _silent_after("prefect.flow-run.Running",
-                          [of_flows, {"prefect.resource.id": f"prefect.tag.{TAG}"}], liveness),
+            _silent_after("prefect.flow-run.Running", [of_flows, tagged], liveness),
+            _silent_after("prefect.flow-run.Pending", [of_flows, tagged], liveness, expect=_STARTED),
+            _silent_after("prefect.flow-run.Pending", [of_flows, subflow], liveness, expect=_STARTED),
         ]),
         actions=[ChangeFlowRunState(state=StateType.CRASHED, message=liveness.message())],
     )
-    with get_client(sync_client=True) as client:
-        for old in client.read_automations_by_name(name=NAME):
-            client.delete_automation(old.id)
-    return automation.create()
+    return put(automation)

@@ -1,12 +1,14 @@
-"""The partition passes of a build: every stage of a list over every partition, as one Prefect
-task per stage and partition on the Dask cluster, either pipelined (a chain of tasks per
-partition, at most ``execution.max_inflight_partitions`` chains at once) or a stage over all
-partitions before the next; with the build's progress shown as tasks finish, and each stage's
-totals (counts, wall and task seconds, workers) at the end.
+"""The partition passes of a build: every stage of a list over every partition with work, on
+the Dask cluster, either pipelined (a chain per partition, at most
+``execution.max_inflight_partitions`` chains at once, each one Prefect task, or one for each
+run of stages that go to the same kind of worker) or a stage over all partitions before the next
+(a task per stage and partition); with the build's progress shown as tasks finish, and each
+stage's totals (counts, wall and task seconds, workers) at the end.
 """
 
 from __future__ import annotations
 
+import queue
 import time
 from dataclasses import asdict
 from typing import Any
@@ -17,47 +19,59 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
-from prefect.futures import PrefectFuture, as_completed
+from prefect.futures import PrefectFuture
 from prefect_dask import DaskTaskRunner
 
+from flows import clusters
 from flows.cluster_limits import cluster_backend
-from flows.build_progress import BuildProgress
+from flows.build_progress import BuildProgress, show_cluster
 from flows.services import on_temporary_server
 from flows.shared import PREFECT
 from pipeline.download import limits
 from pipeline.corpus import retention
 from pipeline.config import Config
-from pipeline.runner import StageReport, run_partition
+from pipeline.errors import SetupError
+from pipeline.runner import StageContext, StageReport, run_partition
 from pipeline.shards.stage import listing_report
 from pipeline.compose.stages import context, gpu_stages, parts
-from pipeline.corpus.status import Counts, idle_partitions
+from pipeline.compose.status import Counts, idle_partitions
 from pipeline.corpus.storage import Corpus
 from pipeline.compose.summarize_partition import store_summary
 
 
-@task(name="partition-stage", task_run_name="{stage_name} p{partition}", retries=2,
-      retry_delay_seconds=[2, 10], cache_policy=NO_CACHE, persist_result=False)
-def partition_task(stage_name: str, partition: str, root: str, cfg: Config,
-                   retry_failed: bool, limits_on: str, last: bool = False) -> dict[str, Any]:
-    """Every part of one stage over one partition (featurize: each extractor in turn); the
-    shard stage then drops the partition's media unless ``storage.keep_media``. ``limits_on``:
-    where the tasks share download limits, "prefect" or "cluster" (see ``where_limits``).
-    The ``last`` task of a partition's chain stores the partition's summary."""
-    started, began = time.monotonic(), time.time()
+@task(name="partition-stages", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE,
+      persist_result=False)
+def partition_task(stage_names: list[str], partition: str, root: str, cfg: Config,
+                   retry_failed: bool, limits_on: str, last: bool = False) -> list[dict[str, Any]]:
+    """Stages of one partition's chain in turn, one Prefect task for all of them (a task run's
+    own cost, its state changes and its worker's Prefect context, is most of a chain's when a
+    night adds a few videos to a partition); returns each stage's report. ``limits_on``: where
+    the tasks share download limits, "prefect" or "cluster" (see ``where_limits``). The
+    ``last`` task of a partition's chain stores the partition's summary. A retry runs the
+    stages again, each planning its partition again: what was committed stays done."""
     ctx = context(Corpus(root), cfg)
-    reports = {}
     with limits.using(backend(limits_on)):
-        for part in parts(stage_name, cfg):
-            size = part.batch_size or cfg.execution.batch_size
-            report = run_partition(part, ctx, partition, size, retry_failed)
-            if report.total:
-                get_run_logger().info(report.plan_line(part.name, partition))
-            reports[part.name] = asdict(report)
+        results = [_stage(name, partition, ctx, retry_failed) for name in stage_names]
+    if last:
+        store_summary(ctx, partition)
+    return results
+
+
+def _stage(stage_name: str, partition: str, ctx: StageContext, retry_failed: bool) -> dict[str, Any]:
+    """Every part of one stage over one partition (featurize: each extractor in turn); the
+    shard stage then drops the partition's media unless ``storage.keep_media``."""
+    started, began = time.monotonic(), time.time()
+    cfg: Config = ctx.config
+    reports = {}
+    for part in parts(stage_name, cfg):
+        size = part.batch_size or cfg.execution.batch_size
+        report = run_partition(part, ctx, partition, size, retry_failed)
+        if report.total:
+            get_run_logger().info(report.plan_line(part.name, partition))
+        reports[part.name] = asdict(report)
     released = 0
     if stage_name == "shard" and not cfg.storage.keep_media:
         released = retention.release(ctx, partition)
-    if last:
-        store_summary(ctx, partition)
     return {"stage": stage_name, "partition": partition, "parts": reports, "released": released,
             "worker": _worker_name(), "seconds": time.monotonic() - started, "began": began}
 
@@ -144,20 +158,106 @@ class StageTotals:
 
 def gpu_routed(cfg: Config) -> set[str]:
     """The stages whose tasks ask Dask for a GPU worker: those whose models run on a GPU, when
-    the cluster has GPU workers (`dask worker --resources GPU=1`, or the local cluster's one
-    per GPU); featurize also when ``execution.gpu_resource`` says so."""
-    workers = FlowRunContext.get().task_runner.client.scheduler_info()["workers"].values()
-    if any(w.get("resources", {}).get("GPU") for w in workers):
+    the cluster has GPU workers (`dask worker --resources GPU=1`, the local cluster's one per
+    GPU) or a pool of them that comes when GPU tasks wait (SLURM's), or when
+    ``execution.gpu_resource`` says so (featurize then whatever its device)."""
+    if cfg.execution.gpu_resource:
+        return gpu_stages(cfg) | {"featurize"}
+    found = clusters.current()
+    if found is not None and found.gpu_pool:
         return gpu_stages(cfg)
-    return {"featurize"} if cfg.execution.gpu_resource else set()
+    workers = FlowRunContext.get().task_runner.client.scheduler_info()["workers"].values()
+    return gpu_stages(cfg) if any(w.get("resources", {}).get("GPU") for w in workers) else set()
 
 
-def _submit(stage: str, partition: str, corpus: Corpus, cfg: Config, retry_failed: bool,
+def task_resources(gpu: bool) -> dict[str, Any]:
+    """The Dask annotation of a task: the resource it asks for on the build's cluster."""
+    found = clusters.current()
+    wanted = found.resources(gpu) if found is not None else ({"GPU": 1} if gpu else {})
+    return {"resources": wanted} if wanted else {}
+
+
+def chain_tasks(stage_names: list[str], on_gpu: set[str]) -> list[list[str]]:
+    """A partition's chain as its tasks: the stages in order, one task for each run of stages
+    that go to the same kind of worker (a stage on a GPU worker is a task of its own beside
+    the CPU stages around it; without GPU routing the whole chain is one task)."""
+    tasks: list[list[str]] = []
+    for stage in stage_names:
+        if tasks and (stage in on_gpu) == (tasks[-1][0] in on_gpu):
+            tasks[-1].append(stage)
+        else:
+            tasks.append([stage])
+    return tasks
+
+
+def _submit(stages: list[str], partition: str, corpus: Corpus, cfg: Config, retry_failed: bool,
             limits_on: str, after: PrefectFuture | None = None, last: bool = False,
             gpu: bool = False) -> PrefectFuture:
-    with dask.annotate(**({"resources": {"GPU": 1}} if gpu else {})):
-        return partition_task.submit(stage, partition, corpus.url, cfg, retry_failed, limits_on, last,
-                                     wait_for=[after] if after is not None else None)
+    name = stages[0] if len(stages) == 1 else f"{stages[0]}..{stages[-1]}"
+    with dask.annotate(**task_resources(gpu)):
+        return partition_task.with_options(task_run_name=f"{name} p{partition}").submit(
+            stages, partition, corpus.url, cfg, retry_failed, limits_on, last,
+            wait_for=[after] if after is not None else None)
+
+
+# Seconds between two looks at the cluster while the flow waits on its tasks.
+WATCH_S = 2.0
+
+
+def watch_cluster() -> None:
+    """The cluster's jobs on the progress line ("SLURM: 2 GPU jobs pending"), and the build
+    stopped, in the cluster's words, when it cannot go on (a job that cannot start)."""
+    found = clusters.current()
+    if found is None:
+        return
+    why = found.failure()
+    if why is not None:
+        raise SetupError(why)
+    show_cluster(found.status())
+
+
+class Finished:
+    """The flow's futures as they finish, the cluster watched while none does."""
+
+    def __init__(self) -> None:
+        self._done: queue.SimpleQueue[PrefectFuture] = queue.SimpleQueue()
+        self._arrived: set[PrefectFuture] = set()
+        self._taken: set[PrefectFuture] = set()  # returned before their callback came
+
+    def add(self, future: PrefectFuture) -> PrefectFuture:
+        future.add_done_callback(self._done.put)
+        return future
+
+    def next(self, among: dict[PrefectFuture, Any] | set[PrefectFuture]) -> PrefectFuture:
+        """Of the futures of ``among`` that have finished, the first in ``among``'s order (a
+        partition's stages report in chain order even when they end together); waits for one."""
+        while True:
+            while not self._done.empty():
+                self._arrive(self._done.get())
+            ready = next((f for f in among if f in self._arrived or f.wrapped_future.done()), None)
+            if ready is not None:
+                if ready in self._arrived:
+                    self._arrived.remove(ready)
+                else:
+                    self._taken.add(ready)
+                return ready
+            try:
+                self._arrive(self._done.get(timeout=WATCH_S))
+            except queue.Empty:
+                watch_cluster()
+
+    def _arrive(self, future: PrefectFuture) -> None:
+        if future in self._taken:
+            self._taken.remove(future)
+        else:
+            self._arrived.add(future)
+
+
+def result_of(future: PrefectFuture) -> Any:
+    """A future's result, the cluster watched while it runs."""
+    arrivals = Finished()
+    arrivals.next({arrivals.add(future)})
+    return future.result()
 
 
 def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_failed: bool,
@@ -189,44 +289,45 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
     def collect(future: PrefectFuture) -> None:
         nonlocal failure
         try:
-            result = future.result()
+            done = future.result()
         except Exception as exc:  # noqa: BLE001 - raised once the tasks in flight are done
             # A task that failed past its retries (a setup problem, a full disk): start no new
             # partition, let the others finish their batches, then fail the build. The tasks
             # after it in its chain do not run and end here too.
             failure = failure or exc
             return
-        results.append(result)
-        progress.finished(result)
-        for name, part in result["parts"].items():
-            # Once a build, as soon as a task reports it: an outage or a block stops every
-            # partition in flight, each on its worker, for the same reason.
-            if part["stopped"] and name not in said:
-                said.add(name)
-                logger.warning("%s: %s", name, part["stopped"])
+        for result in done:
+            results.append(result)
+            progress.finished(result)
+            for name, part in result["parts"].items():
+                # Once a build, as soon as a task reports it: an outage or a block stops every
+                # partition in flight, each on its worker, for the same reason.
+                if part["stopped"] and name not in said:
+                    said.add(name)
+                    logger.warning("%s: %s", name, part["stopped"])
 
     try:
         if pipelined:
             limit = cfg.execution.max_inflight_partitions
-            logger.info("%d partitions, %d at a time: %s", len(labels), limit, " -> ".join(stage_names))
+            chain = chain_tasks(stage_names, on_gpu)
+            logger.info("%d partitions, %d at a time: %s (%d task%s a partition)", len(labels), limit,
+                        " -> ".join(stage_names), len(chain), "" if len(chain) == 1 else "s")
             waiting: dict[PrefectFuture, str] = {}
             left: dict[str, int] = {}  # partition in flight -> its tasks not finished
             pending = list(labels)
+            arrivals = Finished()
             while pending or waiting:
                 while pending and len(left) < limit and failure is None:
                     partition = pending.pop(0)
                     previous = None
-                    for stage in stage_names:
-                        previous = _submit(stage, partition, corpus, cfg, retry_failed, limits_on, previous,
-                                           last=stage == stage_names[-1], gpu=stage in on_gpu)
+                    for stages in chain:
+                        previous = arrivals.add(_submit(stages, partition, corpus, cfg, retry_failed, limits_on,
+                                                         previous, last=stages is chain[-1], gpu=stages[0] in on_gpu))
                         waiting[previous] = partition
-                    left[partition] = len(stage_names)
+                    left[partition] = len(chain)
                 if not waiting:
                     break
-                first = next(as_completed(list(waiting)))
-                # Of the tasks done by now, the first submitted: a partition's stages report
-                # in chain order even when they end together.
-                finished = next(f for f in waiting if f is first or f.wrapped_future.done())
+                finished = arrivals.next(waiting)
                 partition = waiting.pop(finished)
                 count = len(results)
                 collect(finished)
@@ -238,9 +339,12 @@ def run_partitions(stage_names: list[str], corpus: Corpus, cfg: Config, retry_fa
         else:
             for stage in stage_names:
                 last = stage == stage_names[-1]
-                futures = [_submit(stage, p, corpus, cfg, retry_failed, limits_on, last=last, gpu=stage in on_gpu)
-                           for p in labels]
-                for future in as_completed(futures):
+                arrivals = Finished()
+                futures = {arrivals.add(_submit([stage], p, corpus, cfg, retry_failed, limits_on, last=last,
+                                                 gpu=stage in on_gpu)) for p in labels}
+                while futures:
+                    future = arrivals.next(futures)
+                    futures.discard(future)
                     collect(future)
                 if failure is not None:
                     break

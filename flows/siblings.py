@@ -1,14 +1,16 @@
 """What a deployment's run settles with the runs around it, before it builds: a scheduled run
 missed while no worker was up steps aside for the newest one due, a second rerun of one crashed
-run steps aside for the first, and a run that died holding the corpus root is marked Crashed by
-whoever takes the root over."""
+run steps aside for the one that claimed the crash first, and a run that died holding the corpus
+root is marked Crashed by whoever takes the root over."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from datetime import datetime, timedelta, timezone
 from uuid import UUID
 
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.actions import VariableCreate
 from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterDeploymentId,
@@ -17,15 +19,17 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import FlowRunSort
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.states import Crashed
 
-from flows.rerun import PARAMETER
 from pipeline.corpus.rootlock import Holder
 
 _CANCELLED = "CANCELLED"
-# Reruns of one crash are due within seconds of each other (one trigger's firings); an hour
-# either side finds every one without reading the deployment's whole history.
-TWINS_WITHIN = timedelta(hours=1)
+# A rerun's claim on a crash: a Prefect variable named after the crashed run.
+CLAIM = "vlcorpus-rerun"
+# A claim outlives any rerun of its crash that could still start: as long as the server keeps
+# the runs themselves (infra/README.md's retention, 30 days), then it is deleted.
+CLAIM_KEPT = timedelta(days=30)
 
 
 def _due(run: FlowRun, after: datetime, before: datetime, limit: int) -> list[FlowRun]:
@@ -56,18 +60,38 @@ def superseded(run: FlowRun) -> str | None:
             f"same corpus; runs of a schedule missed while no worker was up collapse to the newest")
 
 
-def repeated(run: FlowRun, crashed: str) -> str | None:
-    """Why ``run``, a rerun of the run named ``crashed``, should not build: another rerun of
-    the same run was created first (the trigger fired twice). None when ``run`` is the first."""
-    if run.deployment_id is None or run.expected_start_time is None:
-        return None
-    near = _due(run, run.expected_start_time - TWINS_WITHIN, run.expected_start_time + TWINS_WITHIN, limit=200)
-    twins = [other for other in near if other.parameters.get(PARAMETER) == crashed] + [run]
-    first = min(twins, key=lambda other: (other.created, str(other.id)))
-    if first.id == run.id:
-        return None
-    return (f"repeated: {first.name!r} runs {crashed!r} again already; Prefect's trigger scheduled "
-            f"this rerun too (a trigger can act twice for one event)")
+def repeated(run: FlowRun, crashed: UUID) -> str | None:
+    """Why ``run``, a rerun of the crashed run ``crashed``, should not build: another rerun of
+    it claimed it first (the trigger fired twice). None once ``run`` holds the claim. The claim
+    is a variable named after the crashed run, which the server creates only while no variable
+    has its name (one insert against a unique name: atomic on SQLite and on PostgreSQL), so of
+    any number of reruns exactly one builds."""
+    name = f"{CLAIM}-{crashed}"
+    with get_client(sync_client=True) as client:
+        _forget_old_claims(client)
+        try:
+            client.create_variable(VariableCreate(name=name, value=str(run.id), tags=[CLAIM]))
+            return None
+        except ObjectAlreadyExists:
+            held = client.read_variable_by_name(name)
+        # Its own (a create the server committed, sent again after a refused answer), or gone.
+        if held is None or held.value == str(run.id):
+            return None
+        try:
+            first = f"{client.read_flow_run(UUID(held.value)).name!r} ({held.value})"
+        except ObjectNotFound:
+            first = held.value
+    return (f"repeated: flow run {first} claimed the rerun of this crash first; Prefect's trigger "
+            f"scheduled this rerun too (a trigger can act twice for one event)")
+
+
+def _forget_old_claims(client: SyncPrefectClient) -> None:
+    """Delete the claims older than CLAIM_KEPT: the server's variables stay a few."""
+    old = datetime.now(timezone.utc) - CLAIM_KEPT
+    for variable in client.read_variables():
+        if CLAIM in variable.tags and variable.created is not None and variable.created < old:
+            with suppress(ObjectNotFound):  # another rerun's clean-up was first
+                client.delete_variable_by_name(variable.name)
 
 
 def mark_crashed(holder: Holder, reason: str, by: str) -> list[UUID]:

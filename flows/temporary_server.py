@@ -8,13 +8,20 @@ and imports Prefect to find out whether a server is configured
 Each server has a database of its own, deleted when it stops: a copy of an empty one that the
 first server of this Prefect version migrated (migrating takes about 7 s). Prefect's own
 temporary server keeps every run in ``~/.prefect/prefect.db`` for ever; that file grew by
-megabytes a build, and each start of the server slowed with it."""
+megabytes a build, and each start of the server slowed with it.
+
+The database lives in a temporary folder that the server's stop deletes. A build killed outright
+(SIGKILL) runs no exit handler, and its folder stays: the folder is named after the process that
+made it (its pid, its start time and its host), and each server's start deletes the folders
+whose process is gone, never one of a live build (a pid that now names another process, started
+later, is gone too)."""
 
 from __future__ import annotations
 
 import atexit
 import importlib.metadata
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -25,11 +32,15 @@ import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from contextlib import closing, suppress
 from pathlib import Path
 
+import psutil
+
 from pipeline.gc_pause import collector_paused
 
+FOLDER_PREFIX = "vlcorpus-prefect-"
 # Seconds the temporary server may take to come up: Prefect's default (20) fails builds on a
 # busy machine, where importing the server and migrating its database take longer.
 SERVER_STARTUP_S = 120
@@ -45,24 +56,30 @@ NO_HISTORY = {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "false",
               "PREFECT_API_EVENTS_STREAM_OUT_ENABLED": "false"}
 
 
+LOOPBACK = "127.0.0.1"
+
+
 class TemporaryServer:
     """Prefect's temporary local server, run the way Prefect runs it (uvicorn on the server's
     app factory, ephemeral mode, no UI; see ``_serve``). ``wait()`` returns once it answers its
     health check. ``history``: it records task runs and events, for a caller that reads them
-    back (a build's own server does not)."""
+    back (a build's own server does not). ``host``: where it listens, loopback by default; on
+    another address (for workers on other machines: SLURM jobs) it asks every client for an
+    auth string of its own (``auth``), which nothing else knows."""
 
-    def __init__(self, port: int | None = None, *, history: bool = False) -> None:
+    def __init__(self, port: int | None = None, *, history: bool = False, host: str = LOOPBACK) -> None:
         # Without a port, the server takes the socket this process bound to a free one (port
         # 0): no other process can take that port between its choice and the server's start.
         listener = None
         if not port:
             listener = socket.socket()
-            listener.bind(("127.0.0.1", 0))
+            listener.bind((host, 0))
             port = listener.getsockname()[1]
         self.port = port
         self.up = False
-        self.api_url = f"http://127.0.0.1:{self.port}/api"
-        self.folder = tempfile.mkdtemp(prefix="vlcorpus-prefect-")
+        self.api_url = f"http://{host}:{self.port}/api"
+        self.auth = None if host == LOOPBACK else f"vlcorpus:{secrets.token_urlsafe(32)}"
+        self.folder = tempfile.mkdtemp(prefix=_owned_prefix())
         self.database, self.from_template = _database(self.folder)
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{self.database}",
@@ -78,9 +95,10 @@ class TemporaryServer:
                # migration script, a sixth of the server's start (0.5 of 3 CPU-s). A new
                # database is migrated whatever the environment says, or no template would work.
                "PREFECT_API_DATABASE_MIGRATE_ON_START": "false" if self.from_template else "true",
+               **({"PREFECT_SERVER_API_AUTH_STRING": self.auth} if self.auth else {}),
                **({} if history else NO_HISTORY)}
         # -P: nothing in the current folder shadows a module of the server's.
-        where = str(self.port) if listener is None else f"fd:{listener.fileno()}"
+        where = f"{host}:{self.port}" if listener is None else f"fd:{listener.fileno()}"
         try:
             self.process = subprocess.Popen([sys.executable, "-P", "-m", "flows.temporary_server", where],
                                             env=env, pass_fds=() if listener is None else (listener.fileno(),))
@@ -89,6 +107,7 @@ class TemporaryServer:
                 listener.close()  # the server's copy stays open
         # A server this process started never outlives it, whatever path the process exits by.
         atexit.register(self.stop)
+        remove_orphans()  # while the server imports
 
     def wait(self, timeout_s: float = SERVER_STARTUP_S) -> None:
         deadline = time.monotonic() + timeout_s
@@ -124,11 +143,50 @@ class TemporaryServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def server_unless_configured() -> TemporaryServer | None:
-    """A temporary server for a build, started now; none when ``PREFECT_API_URL`` is in the
-    environment (a Prefect worker's flow runs, a configured shell). A profile can name a server
-    too, which only Prefect's settings tell: ``flows.services.prefect_server`` stops it then."""
-    return None if os.environ.get("PREFECT_API_URL") else TemporaryServer()
+def _host_key() -> str:
+    """This host, in a folder name (a /tmp shared with a container must not take the
+    container's processes for gone)."""
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def _started(process: psutil.Process) -> int:
+    """When ``process`` started, in hundredths of a second since the epoch (its resolution)."""
+    return round(process.create_time() * 100)
+
+
+def _owned_prefix() -> str:
+    """The name of this process's server folders, up to mkdtemp's random part."""
+    me = psutil.Process()
+    return f"{FOLDER_PREFIX}{me.pid}-{_started(me)}-{_host_key()}-"
+
+
+def _owner_gone(name: str) -> bool:
+    """Whether the process named in the folder name ``name`` is gone. A name of another form (an
+    older build's) or of another host says nothing: its folder is kept."""
+    pid, started, host, *_ = name.removeprefix(FOLDER_PREFIX).split("-") + ["", "", ""]
+    if not (pid.isdigit() and started.isdigit()) or host != _host_key():
+        return False
+    try:
+        return abs(_started(psutil.Process(int(pid))) - int(started)) > 1
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:  # another user's process, alive
+        return False
+
+
+def remove_orphans() -> None:
+    """Delete the server folders of the builds on this host whose process is gone."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+        if folder.is_dir() and _owner_gone(folder.name):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def server_unless_configured(host: str = LOOPBACK) -> TemporaryServer | None:
+    """A temporary server for a build, listening on ``host``, started now; none when
+    ``PREFECT_API_URL`` is in the environment (a Prefect worker's flow runs, a configured
+    shell). A profile can name a server too, which only Prefect's settings tell:
+    ``flows.services.prefect_server`` stops it then."""
+    return None if os.environ.get("PREFECT_API_URL") else TemporaryServer(host=host)
 
 
 def _template() -> Path:
@@ -168,7 +226,8 @@ def _app() -> object:
 
 
 def _serve(where: str) -> None:
-    """Serve on ``where``: a port, or ``fd:N``, a socket bound for this process by its parent."""
+    """Serve on ``where``: ``host:port``, or ``fd:N``, a socket bound for this process by its
+    parent."""
     threading.Thread(target=_stop_with_parent, args=(os.getppid(),), daemon=True).start()
     with collector_paused():
         import uvicorn
@@ -177,7 +236,8 @@ def _serve(where: str) -> None:
         # uvicorn's fd= path, whose socket.fromfd takes the family from the descriptor (TCP).
         address = {"fd": int(where[3:])}
     else:
-        address = {"host": "127.0.0.1", "port": int(where)}
+        host, _, port = where.rpartition(":")
+        address = {"host": host, "port": int(port)}
     uvicorn.run(_app, factory=True, log_level="error", lifespan="on", **address)
 
 

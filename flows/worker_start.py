@@ -17,7 +17,11 @@ with collector_paused():
 
 def dask_setup(worker: object) -> None:
     """Prefect read its settings when the fork server imported it; the worker's environment
-    (the build's, from its nanny: the Prefect server's address among it) is newer."""
+    (the build's, from its nanny: the Prefect server's address among it) is newer. A close that
+    hangs ends the process (flows/clusters/worker_exit.py)."""
     from prefect.context import refresh_global_settings_context
 
+    from flows.clusters.worker_exit import exit_if_closing_hangs
+
     refresh_global_settings_context()
+    exit_if_closing_hangs(worker)

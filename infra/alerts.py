@@ -6,17 +6,20 @@ JSON POST). Run once per Prefect server, with PREFECT_API_URL set:
 
     python infra/alerts.py --webhook https://hooks.slack.com/services/T000/B000/XXXX
 
-Running it again updates the webhook and the automation in place."""
+Running it again updates the webhook and the automation in place. One failure is one alert: the
+automation posts once per run, however often the server evaluates its event (flows/once.py)."""
 
 from __future__ import annotations
 
 import argparse
 
 from prefect.automations import Automation
-from prefect.client.orchestration import get_client
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.events.actions import SendNotification
 from prefect.events.schemas.automations import EventTrigger, Posture
+
+from flows.automations import put
+from flows.once import ONCE_PER_RUN
 
 NAME = "vlcorpus-build-failed"
 SUBJECT = "vlcorpus: {{ flow_run.name }} ({{ deployment.name }}) ended {{ flow_run.state.name }}"
@@ -35,13 +38,10 @@ def install(webhook: str, allow_private: bool = False) -> Automation:
         trigger=EventTrigger(
             expect={"prefect.flow-run.Failed", "prefect.flow-run.Crashed"},
             match_related={"prefect.resource.role": "flow", "prefect.resource.name": "rebuild_corpus"},
-            posture=Posture.Reactive, threshold=1, within=0),
+            posture=Posture.Reactive, threshold=1, **ONCE_PER_RUN),
         actions=[SendNotification(block_document_id=block_id, subject=SUBJECT, body=BODY)],
     )
-    with get_client(sync_client=True) as client:
-        for old in client.read_automations_by_name(name=NAME):
-            client.delete_automation(old.id)
-    return automation.create()
+    return put(automation)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from typing import NoReturn
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -124,6 +125,16 @@ def vlcorpus(*args: str, env: Mapping[str, str] | None = None, cwd: Path | None 
                           cwd=cwd, env=env)
 
 
+def build_json(config: Path, *args: str, env: Mapping[str, str] | None = None,
+               timeout: float = 600) -> tuple[int, dict, str]:
+    """``vlcorpus build CONFIG ARGS --json`` as typed (the installed script, in the config's
+    folder): its exit status, the summary it printed and its standard error."""
+    done = vlcorpus("build", str(config), *args, "--json", cwd=config.parent, timeout=timeout, env=env,
+                    launcher=(SCRIPT,))
+    assert done.stdout.strip(), done.stderr[-5000:]
+    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
 def locked_pins(requirements: str) -> dict[str, str]:
     """Name -> version of each ``name==version ; marker`` line (uv's export, as constraints.txt)
     whose marker holds on this machine, names canonical."""
@@ -139,10 +150,23 @@ def locked_pins(requirements: str) -> dict[str, str]:
     return pins
 
 
+# Set by `make test`, whose `make system` installed the Debian packages the suite runs.
+SYSTEM_INSTALLED = "VLCORPUS_TESTS_SYSTEM_INSTALLED"
+
+
+def missing_system(why: str) -> NoReturn:
+    """A test needs a binary of the Debian packages `make system` installs, and this machine
+    lacks it: skipped with ``why`` (which says how to install it) under a plain pytest, a
+    failure under `make test`, which installed them (SYSTEM_INSTALLED)."""
+    if os.environ.get(SYSTEM_INSTALLED) == "1":
+        pytest.fail(f"{why}; make system installs it, yet it is missing", pytrace=False)
+    pytest.skip(why)
+
+
 def require_binaries(*names: str) -> None:
     missing = [n for n in names if shutil.which(n) is None]
     if missing:
-        pytest.skip(f"needs {', '.join(missing)} (apt-get install -y ffmpeg espeak-ng)")
+        missing_system(f"needs {', '.join(missing)} (apt-get install -y ffmpeg espeak-ng)")
 
 
 @contextmanager
@@ -248,13 +272,13 @@ def demo_corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def builds_fork_server() -> Iterator[None]:
-    """One fork server (flows/fork_server.py) for the builds a test module runs in its process
+    """One fork server (flows/clusters/fork_server.py) for the builds a test module runs in its process
     (``run_build``): each build nests in it and leaves it running, where each would start one of
     its own, a new interpreter importing the flows (about 2 CPU-s a build). Its workers get the
     build's environment of the moment from their nanny, as ever; what a process reads only when
     it starts (a sitecustomize on PYTHONPATH, as tests/resolverkit.py's) is the module's own,
     which is why it is not the session's."""
-    from flows.fork_server import fork_server
+    from flows.clusters.fork_server import fork_server
 
     with fork_server():
         yield

@@ -71,10 +71,11 @@ class Stats:
 @dataclass
 class Block:
     """Every request after the first ``after`` is refused with ``code`` for ``seconds`` (from
-    the first refusal), and on until it has refused requests of at least ``videos`` different
-    videos (a loaded machine sends few requests in a few seconds); then the server serves
-    again. With ``again_after``, the block comes back once, that many seconds after it ended,
-    for ``seconds`` more."""
+    the first refusal), and on until it has refused the pages of at least ``videos`` different
+    videos (a loaded machine sends few requests in a few seconds, and a refused caption track
+    fails no download: a refused page does); then the server serves again. With
+    ``again_after``, the block comes back once, that many seconds after it ended, for
+    ``seconds`` more."""
 
     after: int
     seconds: float
@@ -83,22 +84,23 @@ class Block:
     videos: int = 0
     started: float | None = None
     refused: int = 0
-    refused_videos: set[str] = field(default_factory=set)
+    refused_pages: set[str] = field(default_factory=set)
 
-    def refuses(self, request_number: int, video: str) -> bool:
+    def refuses(self, request_number: int, video: str, page: bool) -> bool:
         if request_number <= self.after:
             return False
         now = time.monotonic()
         if self.started is None:
             self.started = now
         elapsed = now - self.started
-        blocked = elapsed < self.seconds or len(self.refused_videos) < self.videos
+        blocked = elapsed < self.seconds or len(self.refused_pages) < self.videos
         if self.again_after is not None:
             back = self.seconds + self.again_after
             blocked = blocked or back <= elapsed < back + self.seconds
         if blocked:
             self.refused += 1
-            self.refused_videos.add(video)
+            if page:
+                self.refused_pages.add(video)
         return blocked
 
     @property
@@ -131,7 +133,8 @@ def _handler(media: bytes, stats: Stats, rng: random.Random,
                 stats.requests += 1
                 stats.first_at = stats.first_at or time.time()
                 video = self.path.rsplit("/", 1)[-1].split(".", 1)[0]
-                refused = stats.block is not None and stats.block.refuses(stats.requests, video)
+                refused = stats.block is not None and stats.block.refuses(stats.requests, video,
+                                                                            self.path.endswith(".html"))
                 roll = rng.random()
             try:
                 if refused:

@@ -14,6 +14,7 @@ import faulthandler
 import json
 import subprocess
 import sys
+from contextlib import ExitStack
 from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
@@ -86,8 +87,8 @@ def main(libraries: list[str], workdir: Path) -> None:
     faulthandler.dump_traceback_later(BOUND_S, exit=True)
     from distributed import Client, LocalCluster
 
-    from flows import fork_server
-    from flows.fork_server import WORKER_START
+    from flows.clusters import fork_server
+    from flows.clusters.fork_server import WORKER_START
     from pipeline.config import parse_config
     from pipeline.compose.stages import check_build
 
@@ -95,19 +96,12 @@ def main(libraries: list[str], workdir: Path) -> None:
     zygote = Path(f"/proc/{forkserver._forkserver._forkserver_pid}/cmdline").read_bytes()
     forked_here = zygote == Path("/proc/self/cmdline").read_bytes()
     wav = _speech(workdir)
-    server = None
+    speech = ExitStack()
     endpoint = None
     if "grpc" in libraries:
-        from concurrent import futures
+        from speechfake import fake_speech
 
-        import grpc
-        from test_asr_google import FakeSpeech
-
-        service = FakeSpeech()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        server.add_generic_rpc_handlers(service.handlers())
-        endpoint = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-        server.start()
+        endpoint = speech.enter_context(fake_speech()).endpoint
     configs = {library: _config(library, workdir, endpoint) for library in libraries}
     # Only what a build does before its workers start: the checks (using a library here first
     # would start threads of its own, tqdm's monitor among them).
@@ -121,12 +115,10 @@ def main(libraries: list[str], workdir: Path) -> None:
         there = {library: _result(lambda library=library: client.submit(
             use, library, configs[library], wav, pure=False).result(timeout=BOUND_S)) for library in libraries}
     here = {library: _result(lambda library=library: use(library, configs[library], wav)) for library in libraries}
-    if server is not None:
-        server.stop(grace=None)
+    speech.close()
     print(json.dumps({"forked_here": forked_here,
                       **{library: {"here": here[library], "there": there[library]} for library in libraries}}))
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(TESTS / "stages"))
     main(sys.argv[1].split(","), Path(sys.argv[2]))

@@ -1,7 +1,8 @@
 """A name resolver for tests: host names under ``.test`` resolve to 127.0.0.1 (where
-tests/flakyserver.py serves) until told otherwise. It replaces ``socket.getaddrinfo``, which
-every HTTP client yt-dlp uses goes through, so what fails is the real lookup of a real request
-and the messages are yt-dlp's own.
+tests/flakyserver.py serves) until told otherwise, and so do the real names a test serves
+itself (``hosts``: www.youtube.com, to tests/youtubekit.py's server), to its port. It replaces
+``socket.getaddrinfo``, which every HTTP client yt-dlp uses goes through, so what fails is the
+real lookup of a real request and the messages are yt-dlp's own.
 
 - ``gone``: names that do not exist (EAI_NONAME, "Name or service not known"), as for a domain
   that has lapsed;
@@ -11,7 +12,8 @@ and the messages are yt-dlp's own.
 ``resolver()`` serves this process, with an outage after a number of lookups. ``shared()``
 serves a build's worker processes too: its state is a file the test rewrites (``down()``,
 ``up()``), read at each lookup by every process started with ``resolver_site/`` on PYTHONPATH
-(its sitecustomize installs it).
+(its sitecustomize installs it). A site served over TLS has a certificate of a test CA, which
+``shared(trust=...)`` adds to what yt-dlp trusts in those processes (``trust``).
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ if TYPE_CHECKING:  # worker processes import this module: no pytest there
 
 _real = socket.getaddrinfo
 STATE_ENV = "VLCORPUS_TEST_RESOLVER"
+TRUST_ENV = "VLCORPUS_TEST_CA_BUNDLE"
 SITE = Path(__file__).parent / "resolver_site"
 
 
 @dataclass
 class Resolver:
     gone: set[str] = field(default_factory=set)
+    hosts: dict[str, int] = field(default_factory=dict)  # real names served on 127.0.0.1: port
     down_after: int | None = None  # lookups before the outage begins
     down_for: float = math.inf  # seconds it lasts from its first failed lookup
     lookups: int = 0
@@ -62,15 +66,19 @@ class Resolver:
             self.failed += down
             return down
 
+    def _served(self) -> dict[str, int]:
+        return self.hosts
+
     def getaddrinfo(self, host, port, *args, **kwargs):  # socket.getaddrinfo's signature
-        name = host.decode() if isinstance(host, bytes) else host
-        if not (name or "").endswith(".test"):
+        name = (host.decode() if isinstance(host, bytes) else host) or ""
+        served = self._served().get(name)
+        if served is None and not name.endswith(".test"):
             return _real(host, port, *args, **kwargs)
         if self._down():
             raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
         if name in self.gone:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-        return _real("127.0.0.1", port, *args, **kwargs)
+        return _real("127.0.0.1", served or port, *args, **kwargs)
 
 
 @contextmanager
@@ -85,15 +93,22 @@ def resolver(gone: set[str] | None = None) -> Iterator[Resolver]:
 
 @dataclass
 class FileResolver(Resolver):
-    """The resolver whose outage is a state file: {"down": bool}."""
+    """The resolver whose outage and served names are a state file: {"down": bool, "hosts":
+    {name: port}}."""
 
     path: str = ""
 
+    def _state(self) -> dict:
+        return json.loads(Path(self.path).read_text())
+
     def _down(self) -> bool:
-        return json.loads(Path(self.path).read_text())["down"]
+        return self._state()["down"]
+
+    def _served(self) -> dict[str, int]:
+        return self._state().get("hosts", {})
 
     def down(self, value: bool = True) -> None:
-        Path(self.path).write_text(json.dumps({"down": value}))
+        Path(self.path).write_text(json.dumps({"down": value, "hosts": self.hosts}))
 
     def up(self) -> None:
         self.down(False)
@@ -104,12 +119,25 @@ def install(path: str) -> None:
     socket.getaddrinfo = FileResolver(path=path).getaddrinfo
 
 
+def trust(bundle: str) -> None:
+    """yt-dlp in this process trusts the certificates of ``bundle`` (certifi's, with a test
+    CA's added): it verifies a site against certifi's bundle, as the machine's trust store."""
+    import certifi
+
+    certifi.where = lambda: bundle
+
+
 @contextmanager
-def shared(path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FileResolver]:
-    """The resolver of this process and of every process it starts from now on."""
-    control = FileResolver(path=str(path))
+def shared(path: Path, monkeypatch: pytest.MonkeyPatch, hosts: dict[str, int] | None = None,
+           trusted: str | None = None) -> Iterator[FileResolver]:
+    """The resolver of this process and of every process it starts from now on; ``hosts``:
+    real names served on 127.0.0.1 at those ports; ``trusted``: a CA bundle those processes'
+    yt-dlp trusts (``trust``)."""
+    control = FileResolver(path=str(path), hosts=dict(hosts or {}))
     control.down(False)
     monkeypatch.setenv(STATE_ENV, str(path))
+    if trusted is not None:
+        monkeypatch.setenv(TRUST_ENV, trusted)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")])))
     socket.getaddrinfo = control.getaddrinfo
     try:

@@ -1,17 +1,26 @@
 """Where a test's videos fall: a video's partition and split hash its id, which holds its page URL
 (the server's port too). A test that needs its videos spread over partitions (each worker busy,
 every partition with media) copies the two tours to names chosen for the port it serves them on;
-one that trains needs a port on which enough of its videos fall in each split."""
+one that trains needs a port on which enough of its videos fall in each split. A test that
+looks into a build while it downloads serves the site held (``held_site``)."""
 
 from __future__ import annotations
 
+import functools
 import shutil
+import subprocess
+import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from conftest import spare_port
 
 from pipeline.align.stage import split_for
+from pipeline.demo.model import DemoSite
+from pipeline.demo.pages import write_text
+from pipeline.demo.serve import _QuietHandler, _QuietServer
 from pipeline.corpus.partitions import index_of
 from pipeline.discover import id_for_url
 from pipeline.ids import video_id
@@ -51,3 +60,58 @@ def port_for_splits(pages: list[str], splits: dict[str, float], at_least: dict[s
                         for page in pages)
         if all(found[split] >= n for split, n in at_least.items()):
             return port
+
+
+class HeldSite:
+    """The demo site on 127.0.0.1 (``held_site``), whose requests for a video's media wait while
+    it is held: a build then waits in its download stage, its workers up, while a test looks."""
+
+    def __init__(self) -> None:
+        self.base = ""
+        self.waiting = threading.Event()  # a media request waits on the hold
+        self._open = threading.Event()
+        self._open.set()
+
+    def hold(self) -> None:
+        self.waiting.clear()
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def wait_for_download(self, build: subprocess.Popen) -> None:
+        """Until a download of ``build`` waits on the hold; fails if the build ends first (a
+        hang is pytest-timeout's)."""
+        while not self.waiting.wait(0.2):
+            assert build.poll() is None, f"the build ended (exit {build.returncode}) before any download"
+
+    def _gate(self, path: str) -> None:
+        if path.startswith("/media/") and not self._open.is_set():
+            self.waiting.set()
+            self._open.wait()
+
+
+class _HeldHandler(_QuietHandler):
+    def do_GET(self) -> None:
+        self.server.held._gate(self.path)
+        super().do_GET()
+
+
+@contextmanager
+def held_site(site: Path, port: int = 0) -> Iterator[HeldSite]:
+    """``site`` served as ``serve_demo`` serves it (urls.txt written for the server), on
+    127.0.0.1, through a server whose media requests wait while it is held (``HeldSite.hold``)."""
+    held = HeldSite()
+    server = _QuietServer(("127.0.0.1", port), functools.partial(_HeldHandler, directory=str(site)))
+    server.held = held
+    held.base = f"http://127.0.0.1:{server.server_address[1]}/"
+    write_text(site / "urls.txt", "".join(f"{u}\n" for u in DemoSite.load(site).page_urls(held.base)))
+    thread = threading.Thread(target=server.serve_forever, name="held-site", daemon=True)
+    thread.start()
+    try:
+        yield held
+    finally:
+        held.release()
+        server.shutdown()
+        server.server_close()
+        thread.join()

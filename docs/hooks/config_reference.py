@@ -90,9 +90,15 @@ def _default(node: Schema, required: bool) -> str:
 
 def _children(path: str, node: Schema, defs: _Defs) -> list[tuple[str, str, Schema]]:
     """The object sections a key holds, as (path of their keys, heading, section): the key's
-    own section, the items of a list of objects (``features.extractors[]``), or each kind of a
-    list told apart by its ``type`` (``sources[]``, headed ``sources[]: type search``)."""
+    own section, each kind of a section told apart by a key (``execution.cluster``, headed
+    ``execution.cluster: kind slurm``), the items of a list of objects
+    (``features.extractors[]``), or each kind of a list told apart by its ``type``
+    (``sources[]``, headed ``sources[]: type search``)."""
     found: list[tuple[str, str, Schema]] = []
+    tag = node.get("discriminator", {}).get("propertyName")
+    for kind in node.get("oneOf", []) if tag else []:
+        target = defs.resolve(kind)
+        found.append((path, f"`{path}`: {tag} `{target['properties'][tag]['const']}`", target))
     for option in [node, *node.get("anyOf", [])]:
         target = defs.resolve(option)
         if _is_object(target):

@@ -13,6 +13,7 @@ import typer
 from pipeline.cli.common import JsonLogs, Quiet, _emit, _error, _logging, app, console
 from pipeline.cli.stopping import stops_on_signals
 from pipeline.gc_pause import collector_paused
+from pipeline.compose.checks import ChecksApart
 from pipeline.config import ConfigError, load_config
 from pipeline.errors import SetupError
 from pipeline.graph import ORDER, check_name
@@ -58,7 +59,8 @@ def build(
 
 def _build(config: Path, root: str | None, until: str | None, dask_address: str | None, retry_failed: bool,
            stage: str | None, quiet: bool, json_logs: bool, verbose: bool) -> None:
-    from flows import fork_server
+    from flows import clusters
+    from flows.clusters import fork_server
     from flows.temporary_server import server_unless_configured
 
     mode = _logging(quiet, json_logs)
@@ -73,20 +75,25 @@ def _build(config: Path, root: str | None, until: str | None, dask_address: str 
     except (ConfigError, ValueError) as exc:
         _error(exc)
         raise typer.Exit(2) from None
-    # A config that holds: Prefect's server starts now, the longest part of a build's set-up,
-    # and the workers' fork server, a fork of this process once it has imported the flows:
-    # before the checks, which load models here that no worker may inherit.
-    server = server_unless_configured()
-    if dask_address is None:
-        fork_server.start(from_here=True)
+    # A config that holds: whether the cluster takes the build's jobs (it answers at once);
+    # then, together, the checks in a process of their own (the stages' libraries and the models
+    # they load, torch, faster-whisper, stay out of this one), Prefect's server, the longest part
+    # of a build's set-up (where the cluster's workers reach it), and a local cluster's fork
+    # server, a fork of this process once it has imported the flows.
+    checks = None
+    server = None
     try:
-        # The checks import the stages' libraries (torch, faster-whisper) with the collector
-        # paused.
-        with collector_paused():
-            from pipeline.compose.stages import check_build
-
-            check_build(cfg, until, stage)
-    except SetupError as exc:
+        clusters.check(cfg, cfg.corpus_root(root), dask_address)
+        checks = ChecksApart(cfg, until, stage)
+        server = server_unless_configured(clusters.api_host(cfg, dask_address))
+        if clusters.forks_here(cfg, dask_address):
+            fork_server.start(from_here=True)
+        checks.wait()
+    except BaseException as exc:
+        if checks is not None:
+            checks.stop()
+        if not isinstance(exc, SetupError):
+            raise
         if server is not None:
             server.stop()
         fork_server.stop()
@@ -94,7 +101,7 @@ def _build(config: Path, root: str | None, until: str | None, dask_address: str 
         raise typer.Exit(2) from None
     try:
         with _build_output(mode, verbose, cfg.corpus_root(root)), \
-                fork_server.local_workers(cfg, cfg.corpus_root(root), dask_address):
+                clusters.forked_workers(cfg, cfg.corpus_root(root), dask_address):
             with collector_paused():
                 from flows.services import prefect_server
 
@@ -149,7 +156,7 @@ def demo(
     mode = _logging(quiet, json_logs)
     if until is not None:
         check_name(until)
-    from flows import fork_server
+    from flows.clusters import fork_server
     from flows.demo import run_demo
 
     # Before the demo's site server thread and the build's checks (see _build).

@@ -19,10 +19,10 @@ def status(
     root: Root = None,
     by_partition: Annotated[bool, typer.Option("--partitions", help="Figures per partition too.")] = False,
     json_out: Annotated[bool, typer.Option("--json",
-                                           help="One JSON object (shape: pipeline/corpus/status.py).")] = False,
+                                           help="One JSON object (shape: pipeline/compose/status.py).")] = False,
 ) -> None:
     """Per stage: items upstream, done, failed by kind, to do; read-only, safe during a build."""
-    from pipeline.corpus.status import corpus_status, print_status
+    from pipeline.compose.status import corpus_status, print_status
 
     figures = _on_target(target, root, lambda corpus, cfg: corpus_status(corpus, cfg, by_partition))
     if json_out:

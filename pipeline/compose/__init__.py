@@ -4,9 +4,11 @@ What each stage needs before a build starts (its ``check``) is pipeline/setup.py
 stages use themselves.
 
 - stages.py: every stage's runner ``Stage`` by name, and the steps of a partition's chain
+- status.py: what is done and left per stage and partition, from the runner's planning
+  (``vlcorpus status``), and so which partitions a build has work for
 - plan.py: what ``vlcorpus check`` shows a build would do (stages, partitions, models, storage)
 - health.py: whether a build was healthy, from its summary and its stages' reports (the
   verdict an unattended build ends with)
 - summarize_partition.py: what a build stores of a partition once its chain of stages is over:
-  its summary, each section from its owner (corpus/summary.py, corpus/status.py, report/stats.py)
+  its summary, each section from its owner (corpus/summary.py, status.py, report/stats.py)
 """

@@ -1,6 +1,6 @@
 """What a build of a config would do, read without writing anything (`vlcorpus check`): the
 stages in build order with their key settings, the partitions, the health limits and, for a
-root with tables, what is left of each stage (the figures of pipeline/corpus/status.py).
+root with tables, what is left of each stage (the figures of pipeline/compose/status.py).
 
 JSON shape (part of ``vlcorpus check --json``)::
 
@@ -9,7 +9,7 @@ JSON shape (part of ``vlcorpus check --json``)::
                  "skipped": str | None,             # why it would not run (train and score
                                                     # without their section, ...)
                  "settings": {str: str | list[str]},
-                 "todo": {part: COUNTS} | None}],   # pipeline/corpus/status.py's COUNTS, per part
+                 "todo": {part: COUNTS} | None}],   # pipeline/compose/status.py's COUNTS, per part
                                                     # (featurize:<extractor>, ...); None for
                                                     # steps and for a root without tables
      "health": {limit: value},
@@ -65,7 +65,7 @@ def _partitions(cfg: Config, corpus: Corpus | None, recorded: int | None) -> dic
 
 
 def _todo(cfg: Config, corpus: Corpus) -> dict[str, dict[str, Any]]:
-    from pipeline.corpus.status import corpus_status
+    from pipeline.compose.status import corpus_status
 
     return corpus_status(corpus, cfg)["stages"]
 

@@ -4,7 +4,8 @@ next build's choice of partitions with work read it instead of the partition's f
 
 from __future__ import annotations
 
-from pipeline.corpus import partsummary, status, summary
+from pipeline.compose import status
+from pipeline.corpus import partsummary, summary
 from pipeline.report import stats as report_stats
 from pipeline.runner import StageContext
 

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pipeline.config.cluster import Cluster, LocalCluster
 from pipeline.config.problems import raise_if
 from pipeline.corpus.partitions import MAX_PARTITIONS
 
@@ -19,9 +20,14 @@ class ExecutionConfig(BaseModel):
     retries: int = Field(3, ge=0, description="extra attempts for transient errors")
     retry_backoff_s: float = Field(1.0, ge=0)
     retry_backoff_max_s: float = Field(60.0, ge=0)
-    dask_address: str | None = Field(None, description="None: start a local cluster")
-    n_workers: int | None = Field(None, ge=1)
-    threads_per_worker: int = Field(1, ge=1)
+    cluster: Cluster = Field(
+        default_factory=LocalCluster,
+        description="where the workers come from: kind local (this machine, the default), "
+                    "address (a running scheduler) or slurm (jobs submitted as the work needs them)")
+    dask_address: str | None = Field(None, description="a running scheduler: the same as cluster "
+                                                       "kind address; None: the cluster section")
+    n_workers: int | None = Field(None, ge=1, description="CPU workers of the local cluster")
+    threads_per_worker: int = Field(1, ge=1, description="threads of each local worker")
     stall_s: float | None = Field(
         900.0, gt=0,
         description="seconds a batch may go without progress (an item done, an ASR segment, a "
@@ -29,7 +35,11 @@ class ExecutionConfig(BaseModel):
                     "its items fail as internal (the next run retries them) and the stage stops "
                     "for this run. Longer than the slowest honest step (a model's first download, "
                     "an ffmpeg merge of a long video); null: never")
-    gpu_resource: bool = Field(False, description="featurize tasks ask Dask for the resource GPU=1")
+    gpu_resource: bool = Field(
+        False, description="the GPU stages' tasks (featurize, and transcribe with faster-whisper on a GPU) "
+                           "ask Dask for the resource GPU=1 whatever the cluster offers when the build "
+                           "starts (GPU workers still to come: a Kubernetes GPU group scaled from zero); "
+                           "false: where a worker offers GPU=1")
     log_format: Literal["rich", "json"] = "rich"
     partitions: int | None = Field(
         None, ge=1, le=MAX_PARTITIONS,
@@ -49,4 +59,7 @@ class ExecutionConfig(BaseModel):
         if self.retry_backoff_max_s < self.retry_backoff_s:
             raise_if([(("retry_backoff_max_s",), f"less than retry_backoff_s "
                         f"({self.retry_backoff_max_s} < {self.retry_backoff_s})")])
+        if self.dask_address is not None and self.cluster.kind != "local":
+            raise_if([(("dask_address",), f"the cluster section names one already (kind "
+                        f"{self.cluster.kind}): give one of the two")])
         return self

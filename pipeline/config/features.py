@@ -21,7 +21,9 @@ class FramesConfig(BaseModel):
 
     short_side: int = Field(256, gt=0)
     crop: int = Field(224, gt=0, description="center crop, square")
-    decode_threads: int = Field(2, ge=1)
+    decode_threads: int | None = Field(
+        None, ge=1, description="decoder threads in each decode process (CPU decoding); None: "
+        "the process's share of the cores, one each when the processes fill the machine")
     skip_nonref: bool = Field(
         False, description="decode only the frames other frames refer to (FFmpeg skip_frame "
         "nonref; CPU decoding only): 1.3-1.6x faster on video with B-frames; a sample time then "

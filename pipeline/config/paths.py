@@ -32,7 +32,7 @@ def _beside(folder: Path, value: str | None, *, only_if_there: bool = False) -> 
 def rebase(cfg: Config, folder: Path) -> Config:
     """A copy of ``cfg`` whose relative paths are resolved against ``folder``: the root, list
     and folder sources, cookies, held-out clip ids, extractor weights, the MIL-NCE checkpoint
-    and a local ASR model."""
+    a local ASR model, and a SLURM cluster's Python, job logs and certificates."""
     folder = folder.resolve()
     out = cfg.model_copy(deep=True)
     out.root = _beside(folder, out.root)
@@ -47,4 +47,11 @@ def rebase(cfg: Config, folder: Path) -> Config:
     if out.score is not None and out.score.model and out.score.model.startswith(MILNCE_PREFIX):
         out.score.model = MILNCE_PREFIX + _beside(folder, out.score.model[len(MILNCE_PREFIX):])
     out.transcribe.asr.model = _beside(folder, out.transcribe.asr.model, only_if_there=True)
+    cluster = out.execution.cluster
+    if cluster.kind == "slurm":
+        # A bare "python3" is a command on the PATH, not a file beside the config.
+        cluster.python = _beside(folder, cluster.python) if cluster.python and "/" in cluster.python \
+            else cluster.python
+        cluster.log_dir = _beside(folder, cluster.log_dir)
+        cluster.tls = _beside(folder, cluster.tls)
     return out

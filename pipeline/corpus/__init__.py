@@ -10,7 +10,6 @@
   pipeline/compose/summarize_partition.py)
 - summary.py: the corpus's summary (`vlcorpus stats`): counts per table and errors, added up
   from the partitions' summaries
-- status.py: what is done and left per stage (``vlcorpus status``)
 - validate.py: ``vlcorpus validate``: schemas, partitions, the lineage of keys, the shards
 - retention.py: a partition's media deleted once nothing pending needs them
   (``storage.keep_media: false``)

@@ -17,7 +17,8 @@ MAX_PARTITIONS = 10**LABEL_DIGITS
 # Errors of no video (a search that failed, a list record without a URL, training) live here.
 CORPUS = "corpus"
 # A partition holds about this many videos at scale: ~600 HowTo100M videos (~10 GB of 480p
-# media, ~60k clips) per partition at 2048 partitions, and 5 Prefect task runs per partition.
+# media, ~60k clips) per partition at 2048 partitions, and 1 to 5 Prefect task runs per
+# partition (its chain: one task, or one for each run of stages on one kind of worker).
 VIDEOS_PER_PARTITION = 1000
 # Small corpora still get a few partitions, so that stages overlap and workers share the work,
 # but not so many that Prefect's bookkeeping of each partition's tasks outweighs the overlap:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import posixpath
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -76,11 +77,34 @@ def _tops() -> list[str]:
 
 def _find(corpus: Corpus, folder: str) -> list[dict[str, Any]]:
     path = corpus.path(folder)
+    if corpus.is_local:
+        return _walk(path)
     try:
         found = corpus.fs.find(path, detail=True)
     except FileNotFoundError:
         return []
     return [entry for entry in found.values() if entry.get("type", "file") == "file"]
+
+
+def _walk(path: str) -> list[dict[str, Any]]:
+    """The files under a local folder as fsspec's ``find`` details them (name, size, mtime),
+    from ``os.scandir``: fsspec's walk of a local folder lists and stats each entry in Python,
+    about 0.7 CPU-s for every partition's files at 2048 partitions, where this takes 0.15."""
+    found: list[dict[str, Any]] = []
+    folders = [path]
+    while folders:
+        try:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir():
+                        folders.append(entry.path)
+                    elif entry.is_file():
+                        stat = entry.stat()
+                        found.append({"name": entry.path, "size": stat.st_size, "mtime": stat.st_mtime,
+                                      "type": "file"})
+        except FileNotFoundError:  # not made yet (a table no build wrote), or gone since listed
+            continue
+    return found
 
 
 def _digest(entries: Iterable[tuple[str, int, str]]) -> str:
@@ -181,14 +205,15 @@ def _rescan(corpus: Corpus, partition: str, sections: Mapping[str, Section],
 
 def gather(corpus: Corpus, sections: Mapping[str, Section], labels: list[str] | None = None,
            keys: Mapping[str, str] | None = None, write: bool = False,
-           rescan: bool = True) -> dict[str, dict[str, Any]]:
+           rescan: bool = True, prints: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """``{partition: {section: value}}`` for ``labels`` (every partition that holds files, by
     default): stored values where the partition's files are those they were computed from,
     the rest rescanned concurrently (with ``write``, and stored). Without ``rescan`` the
-    partitions with a missing or stale summary are left out."""
+    partitions with a missing or stale summary are left out. ``prints``: the partitions'
+    fingerprints, for a caller that took them already."""
     keys = dict(keys or {})
     with ThreadPoolExecutor(WORKERS) as pool:
-        prints = fingerprints(corpus, pool)
+        prints = fingerprints(corpus, pool) if prints is None else prints
         chosen = sorted(prints) if labels is None else list(labels)
         stored = _load(corpus, chosen)
         out: dict[str, dict[str, Any]] = {}

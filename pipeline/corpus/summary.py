@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console
@@ -34,13 +35,18 @@ def summarize(corpus: Corpus, write: bool = False) -> dict[str, Any]:
     """``{"tables": {name: rows}, "errors": {stage: {kind: n}}, "counters": {table: {name: n}}}``
     from the partitions' summaries (rescanning those missing or stale; with ``write``, storing
     them), read without loading data."""
+    found = partsummary.gather(corpus, {SECTION: partition_figures}, write=write)
+    return added_up(corpus, (sections[SECTION] for sections in found.values()))
+
+
+def added_up(corpus: Corpus, partitions: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """``summarize``'s figures from the partitions' sections (``partition_figures``), for a
+    reader that gathers them with sections of its own (the report)."""
     present = corpus.tables()
     tables = dict.fromkeys(present, 0)
     errors: dict[str, dict[str, int]] = {}
     counters: dict[str, dict[str, int]] = {}
-    found = partsummary.gather(corpus, {SECTION: partition_figures}, write=write)
-    for sections in found.values():
-        figures = sections[SECTION]
+    for figures in partitions:
         for table, figure in figures["tables"].items():
             if table not in tables:  # written since the tables were listed: the next has it
                 continue

@@ -3,6 +3,7 @@ again), and the config's filters on known metadata."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -11,13 +12,21 @@ from pipeline.config import FiltersConfig
 
 def scheme_problem(url: str, allowed: list[str], source: str) -> str | None:
     """Why a URL may not be fetched, or None. Folder sources are local by their own config."""
-    scheme = urlsplit(url).scheme.lower()
+    head, colon, _ = url.partition(":")
+    scheme = _scheme(head) if colon else ""
     if source == "folder" and scheme == "file":
         return None
     if scheme not in allowed:
         return (f"URL scheme {scheme or '(none)'!r} is not allowed (download.allowed_schemes: "
                 f"{', '.join(allowed)})")
     return None
+
+
+@lru_cache(maxsize=64)
+def _scheme(head: str) -> str:
+    """The scheme of a URL whose first colon follows ``head``: urlsplit reads it from what
+    precedes that colon alone, so a list of a million URLs parses a few heads (10 µs a URL)."""
+    return urlsplit(f"{head}:").scheme.lower()
 
 
 def drop_reason(row: dict[str, Any], filters: FiltersConfig) -> str | None:

@@ -28,7 +28,7 @@ from pipeline.config import (
     Source,
     UrlsSource,
 )
-from pipeline.discover.rows import BadRecord, known_number, row_from_entry, row_from_url, video_row
+from pipeline.discover.rows import BadRecord, Known, known_number, row_from_entry, row_from_url, video_row
 from pipeline.errors import BadInputError
 from pipeline.ids import safe_id
 from pipeline.progress import log
@@ -64,9 +64,10 @@ def queries(cfg: Config) -> list[Query]:
     return out
 
 
-def list_query(query: Query, cfg: Config) -> Iterable[dict[str, Any] | BadRecord]:
+def list_query(query: Query, cfg: Config, known: Known | None = None) -> Iterable[dict[str, Any] | BadRecord]:
     """The videos rows one query yields (before dedup, scheme checks and filters), and the
-    records of a list that name no video; lists and folders are read as they are consumed."""
+    records of a list that name no video; lists and folders are read as they are consumed.
+    ``known``: the corpus's videos, so that a list's URLs already there keep their ids."""
     spec = query.source
     match spec:
         case SearchSource():
@@ -74,7 +75,7 @@ def list_query(query: Query, cfg: Config) -> Iterable[dict[str, Any] | BadRecord
         case PlaylistSource():
             return _list_playlist(query.target, cfg, spec.max_videos)
         case ListSource():
-            return _list_rows(spec)
+            return _list_rows(spec, known)
         case UrlsSource():
             return [row_from_url(query.target, "urls", None)]
         case FolderSource():
@@ -112,15 +113,15 @@ LIST_CHUNK = 65536  # records of a list read at a time
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def _list_records(spec: ListSource) -> Iterator[list[dict[str, Any]]]:
-    """Records of a txt, csv or parquet list file, a chunk at a time (a million-line list is
-    never held whole); a malformed file is bad input from the record where it breaks."""
+def _list_records(spec: ListSource, fmt: str) -> Iterator[list[dict[str, Any]]]:
+    """Records of a txt, csv or parquet list file (of format ``fmt``), a chunk at a time (a
+    million-line list is never held whole); a malformed file is bad input from the record where
+    it breaks."""
     try:
         handle = fsspec.open(spec.path, "rb").open()
     except FileNotFoundError:
         raise BadInputError(f"list file not found: {spec.path}") from None
     with handle:
-        fmt = spec.file_format
         if fmt == "parquet":
             try:
                 for batch in pq.ParquetFile(handle).iter_batches(batch_size=LIST_CHUNK):
@@ -153,19 +154,22 @@ def _chunks(records: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]
         yield chunk
 
 
-def _list_rows(spec: ListSource) -> Iterator[dict | BadRecord]:
+def _list_rows(spec: ListSource, known: Known | None) -> Iterator[dict | BadRecord]:
+    fmt = spec.file_format
     number = 0
-    for records in _list_records(spec):
-        if number == 0 and records and spec.file_format != "txt":
+    for records in _list_records(spec, fmt):
+        if number == 0 and records and fmt != "txt":
             wanted = [c for c in (spec.id_column if spec.url_template else spec.url_column,
                                   spec.start_column, spec.end_column, spec.caption_column) if c]
             missing = [c for c in wanted if c not in records[0]]
             if missing:
                 raise BadInputError(f"list {spec.path} has no column(s) {', '.join(missing)}; "
                                     f"columns: {', '.join(records[0])}")
-        for record in records:
+        urls = [_record_url(spec, fmt, record) for record in records]
+        found = known.find([u for u in urls if u]) if known is not None else {}
+        for record, url in zip(records, urls):
             number += 1
-            yield _list_row(spec, record, number)
+            yield _list_row(spec, fmt, record, number, url, found.get(url))
 
 
 def _text(value: Any) -> str:
@@ -175,20 +179,23 @@ def _text(value: Any) -> str:
     return str(value).strip()
 
 
-def _list_row(spec: ListSource, record: dict[str, Any], number: int) -> dict | BadRecord:
-    item, where = f"list:{spec.path}#{number}", f"list {spec.path}: record {number}"
-    if spec.file_format == "txt":
+def _record_url(spec: ListSource, fmt: str, record: dict[str, Any]) -> str:
+    """The URL a record names, as the list has it; empty when it names none."""
+    if fmt == "txt":
         value = record["value"]
-        url = spec.url_template.format(id=value) if spec.url_template else value
-    elif spec.url_template:
+        return spec.url_template.format(id=value) if spec.url_template else value
+    if spec.url_template:
         ident = _text(record[spec.id_column])
-        if not ident:
-            return BadRecord(item, f"{where} has no {spec.id_column}")
-        url = spec.url_template.format(id=ident)
-    else:
-        url = _text(record[spec.url_column])
+        return spec.url_template.format(id=ident) if ident else ""
+    return _text(record[spec.url_column])
+
+
+def _list_row(spec: ListSource, fmt: str, record: dict[str, Any], number: int, url: str,
+              known: tuple[str, str] | None) -> dict | BadRecord:
+    item, where = f"list:{spec.path}#{number}", f"list {spec.path}: record {number}"
     if not url:
-        return BadRecord(item, f"{where} has no {spec.url_column}")
+        column = spec.id_column if fmt != "txt" and spec.url_template else spec.url_column
+        return BadRecord(item, f"{where} has no {column}")
     if _CONTROL.search(url):
         return BadRecord(item, f"{where}: {url[:100]!r} is not a URL (control characters)")
     start = known_number(record.get(spec.start_column)) if spec.start_column else None
@@ -197,7 +204,7 @@ def _list_row(spec: ListSource, record: dict[str, Any], number: int) -> dict | B
         log.warning("list %s: record %d has end <= start; span ignored", spec.path, number)
         start = end = None
     caption = record.get(spec.caption_column) if spec.caption_column else None
-    return row_from_url(url, "list", spec.path, start_s=start, end_s=end,
+    return row_from_url(url, "list", spec.path, known, start_s=start, end_s=end,
                         caption=str(caption) if caption is not None else None)
 
 

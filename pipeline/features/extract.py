@@ -86,7 +86,7 @@ def _decoded(items: Sequence[Item], extractor: VisualExtractor, ctx: StageContex
         pool: FeederPool = nvdec.shared_pool(processes, extractor.device)
         jobs = plan_jobs(videos, 1)
     else:
-        pool = shared_pool(processes)
+        pool = shared_pool(processes, ctx.config.frames.decode_threads)
         jobs = plan_jobs(videos, pool.size, ctx.config.frames.skip_nonref)
     yield from pool.sample(jobs, ctx.corpus.local_file, depth, _host_buffer(extractor.device),
                            extractor.prepare)

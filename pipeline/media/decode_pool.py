@@ -1,7 +1,7 @@
 """Frame sampling (``frames.sample_frames``) in worker processes, so that decoding uses every
 core of the machine instead of the one the GIL leaves to Python threads:
 
-    pool = shared_pool(processes)            # started on first use, kept for later batches
+    pool = shared_pool(processes, threads)   # started on first use, kept for later batches
     jobs = plan_jobs({path: requests, ...}, pool.size)
     for key, value in pool.sample(jobs, localize, depth, allocate, finish):
         use(key, value)                      # finish(frames), or a StageError for that key
@@ -313,11 +313,11 @@ class _Slot:
 
 
 class DecodePool(FeederPool):
-    """``processes`` worker processes sampling frames with ``frames.sample_frames``."""
+    """``processes`` worker processes sampling frames with ``frames.sample_frames``, with
+    ``threads`` decoder threads each (None: one each when the workers fill the machine)."""
 
-    def __init__(self, processes: int) -> None:
-        # Decoder threads per worker: one each when the workers fill the machine.
-        self.threads = max(1, usable_cpus() // processes)
+    def __init__(self, processes: int, threads: int | None = None) -> None:
+        self.threads = threads or max(1, usable_cpus() // processes)
         self._workers: set[_Worker] = set()
         self._lock = threading.Lock()
         super().__init__(processes)
@@ -365,17 +365,18 @@ class DecodePool(FeederPool):
             slot.worker = None
 
 
-_pools: dict[int, DecodePool] = {}
+_pools: dict[tuple[int, int | None], DecodePool] = {}
 _pools_lock = threading.Lock()
 
 
-def shared_pool(processes: int) -> DecodePool:
-    """This process's pool of ``processes`` workers, started on first use and kept: a batch
-    after the first starts no process (a worker process starts with its first job)."""
+def shared_pool(processes: int, threads: int | None = None) -> DecodePool:
+    """This process's pool of ``processes`` workers of ``threads`` decoder threads, started on
+    first use and kept: a batch after the first starts no process (a worker process starts with
+    its first job)."""
     with _pools_lock:
-        if processes not in _pools:
-            _pools[processes] = DecodePool(processes)
-        return _pools[processes]
+        if (processes, threads) not in _pools:
+            _pools[processes, threads] = DecodePool(processes, threads)
+        return _pools[processes, threads]
 
 
 @atexit.register

@@ -3,9 +3,15 @@ quiet, no stdin, overwriting, bounded in time, its error lines kept for the erro
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from pipeline.errors import InternalError
+
+# What ffmpeg exits with when it caught SIGTERM or SIGINT and stopped (errors exit 1).
+SIGNALLED = 255
 
 
 @dataclass(frozen=True)
@@ -32,11 +38,17 @@ class FfmpegRun:
 
 def run_ffmpeg(args: Sequence[str], timeout_s: float) -> FfmpegRun:
     """``ffmpeg <args>`` (the arguments after the binary, e.g. an ffmpeg-python graph's
-    ``get_args()``), killed after ``timeout_s``."""
+    ``get_args()``), killed after ``timeout_s``. An ffmpeg that a signal stopped (a SLURM job
+    ended by its walltime or preempted, the OOM killer) says nothing of the media: InternalError,
+    which the next run retries."""
     cmd = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y", *args]
     try:
         result = subprocess.run(cmd, capture_output=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return FfmpegRun(None, [], timeout_s)
+    if result.returncode < 0:
+        raise InternalError(f"ffmpeg was stopped by {signal.Signals(-result.returncode).name}")
+    if result.returncode == SIGNALLED:
+        raise InternalError(f"ffmpeg was stopped by a signal (it exits {SIGNALLED} then)")
     errors = result.stderr.decode(errors="replace").strip().splitlines()
     return FfmpegRun(result.returncode, errors, timeout_s)

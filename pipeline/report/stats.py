@@ -20,7 +20,7 @@ from pipeline.graph import family_lineage
 from pipeline.report.runs import build_timing, shard_listing, training_runs
 from pipeline.report.scores import score_summary
 from pipeline.corpus.storage import Corpus
-from pipeline.corpus.summary import summarize
+from pipeline.corpus import summary as corpus_summary
 
 # URLs, paths, hex ids and numbers: blanked so that alike errors group (RE2 syntax, for Arrow).
 _VARIABLE = re.compile(r"https?://\S+|/\S+|\b[0-9a-f]{8,}\b|\d+(\.\d+)?")
@@ -202,13 +202,15 @@ def compute_stats(corpus: Corpus, write: bool = False) -> dict[str, Any]:
     partition by partition with Arrow, never a whole table; with ``write``, stored), with the
     newest build's timing, the shard listings, the training runs and the score tables'
     distributions and examples."""
-    summary = summarize(corpus, write=write)
+    # The summary's section and the report's, from one listing of the partitions' files.
+    found = partsummary.gather(corpus, {corpus_summary.SECTION: corpus_summary.partition_figures,
+                                        SECTION: partition_stats}, labels=corpus.labels(), write=write)
+    summary = corpus_summary.added_up(corpus, (sections[corpus_summary.SECTION] for sections in found.values()))
     tables = summary["tables"]
     counts = Counter()
     per_query: dict[str, dict[str, int]] = {}
     durations, words = _durations(), _words()
     media_s = 0.0
-    found = partsummary.gather(corpus, {SECTION: partition_stats}, labels=corpus.labels(), write=write)
     for sections in found.values():
         part = sections[SECTION]
         counts.update(part["counts"])

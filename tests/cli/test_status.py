@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -165,7 +166,7 @@ def test_status_agrees_with_the_runners_plan(tmp_path):
     from pipeline.config import load_config
     from pipeline.runner import plan_partition
     from pipeline.compose.stages import context
-    from pipeline.corpus.status import corpus_status, partition_stages
+    from pipeline.compose.status import corpus_status, partition_stages
 
     root = tmp_path / "corpus"
     build(root)
@@ -204,13 +205,13 @@ def test_status_runs_while_another_process_holds_the_root_lock(tmp_path):
     assert holder.returncode == 0 and not (root / "_lock.json").exists()
 
 
-def test_status_reads_while_batches_are_committed_and_compacted(tmp_path, monkeypatch):
+def test_status_reads_while_batches_are_committed_and_compacted(tmp_path):
     """A download stage commits one batch per video and compacts each partition while status
     reads in a loop (a compaction deletes files status may have listed): every reading is
     whole (upstream = done + final + to do), never goes back, and the last one sees the stage
     finished."""
     from pipeline.config import load_config
-    from pipeline.corpus.status import corpus_status
+    from pipeline.compose.status import corpus_status
 
     root = tmp_path / "corpus"
     root.mkdir()
@@ -218,22 +219,37 @@ def test_status_reads_while_batches_are_committed_and_compacted(tmp_path, monkey
     ctx = StageContext(Corpus(str(root)), None, RetryPolicy(1, 0.0, 0.0))
     stagekit.make_videos(ctx.corpus, 60, extra=("bad1", "gone1"))
     cfg = load_config(root / "config.yaml")
-    monkeypatch.setenv("VLC_TEST_DELAY", "0.02")  # ~1.5 s of work: status reads it many times
-    worker = threading.Thread(target=run_stage, args=(stagekit.DOWNLOAD, ctx, 1))
+    # Every GATE-th item waits for a reading that began after it asked: status reads at least
+    # 62 // GATE times in the middle of the stage, however fast either runs.
+    gate, asked, reads, read = 6, [0], [0], threading.Condition()
+
+    def after_a_reading(item, c):
+        asked[0] += 1
+        if asked[0] % gate == 0:
+            with read:
+                wanted = reads[0] + 2  # the one under way may have begun before
+                read.wait_for(lambda: reads[0] >= wanted)
+        return stagekit._download(item, c)
+
+    stage = replace(stagekit.DOWNLOAD, process=per_item(after_a_reading))
+    worker = threading.Thread(target=run_stage, args=(stage, ctx, 1))
     worker.start()
     seen = []
     while worker.is_alive() or len(seen) < 2:
         counts = corpus_status(Corpus(str(root)), cfg)["stages"]["download"]
         assert counts["upstream"] == 62 == counts["done"] + counts["final"] + counts["todo"]
         seen.append(counts["done"] + counts["final"])
+        with read:
+            reads[0] += 1
+            read.notify_all()
     worker.join()
-    assert len(seen) >= 3 and seen == sorted(seen)
+    assert seen == sorted(seen) and len({n for n in seen if 0 < n < 62}) >= 62 // gate, seen
     final = corpus_status(Corpus(str(root)), cfg)["stages"]["download"]
     assert (final["done"], final["failed"], final["todo"]) == (60, {"permanent": 1, "bad_input": 1}, 0)
 
 
 def test_a_listed_file_deleted_before_it_is_read_is_read_again(tmp_path, monkeypatch):
-    import pipeline.corpus.status as status_module
+    import pipeline.compose.status as status_module
 
     root = tmp_path / "corpus"
     expected = build(root)

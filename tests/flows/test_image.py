@@ -3,11 +3,14 @@
 One image serves every role: the Prefect server and worker (whose flow process trains, scores
 and reports), CPU Dask workers (download, ASR, align, shard) and GPU workers (featurize). A venv
 of exactly the image's packages (its Python, its extras, the lock's export) runs `vlcorpus check`
-clean on every starter, whose stages together are every role's; its torch is a CUDA build. What no
-test can run here (docker build needs an engine) is read from the Dockerfile against the lock."""
+clean on every starter, whose stages together are every role's, and has every command that a
+container of compose or Kubernetes runs; its torch is a CUDA build. What no test can run here
+(docker build needs an engine) is read from the Dockerfile against the lock."""
 
 from __future__ import annotations
 
+import itertools
+import os
 import platform
 import re
 import shlex
@@ -18,8 +21,10 @@ from pathlib import Path
 
 import pytest
 from checkkit import listing, provide, put_models, starter, vlcorpus
-from conftest import ROOT, locked_pins
+from conftest import ROOT
 from hubkit import hub_env, unreachable_hub
+from infrakit import PREFECT_VALUES, container_commands, dask_pods, documents
+from venvkit import linked_venv, locked_packages
 
 from pipeline.starter import STYLES
 
@@ -68,37 +73,15 @@ def test_the_locked_torch_for_x86_64_is_a_cuda_build():
 
 
 def image_packages() -> dict[str, str]:
-    """What the image's install brings on this machine's platform and Python (name -> version):
-    the lock's export for the image's extras, the set pip resolves from its constraints."""
-    export = subprocess.run([str(ROOT / ".venv" / "bin" / "uv"), "export", "--quiet", "--frozen",
-                             "--no-emit-project", "--no-hashes", "--no-annotate", "--format", "requirements.txt",
-                             *[f"--extra={e}" for e in extras(install_args())]],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout
-    return locked_pins(export)
+    """What the image's install brings on this machine's platform and Python (name -> version)."""
+    return locked_packages(extras(install_args()))
 
 
-def image_venv(folder: Path, packages: dict[str, str]) -> tuple[str, set[str]]:
-    """A venv holding only the image's packages, as this suite's venv installed them (the same
-    lock), linked rather than installed; its python and the packages the suite's venv lacks."""
-    from importlib.metadata import distributions
-
-    from packaging.utils import canonicalize_name
-
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=60)
-    (target,) = folder.glob("lib/python*/site-packages")
-    wanted = {**packages, "vlcorpus": None}
-    found: dict[str, str] = {}
-    for dist in distributions(path=[p for p in sys.path if p.endswith("site-packages")]):
-        name = canonicalize_name(dist.metadata["Name"])
-        if name not in wanted or name in found:
-            continue
-        found[name] = dist.version
-        for top in {f.parts[0] for f in dist.files or () if f.parts[0] != ".."}:
-            source = Path(dist.locate_file(top))
-            if source.exists() and not (target / top).exists():
-                (target / top).symlink_to(source)
-    assert all(found[n] == v for n, v in packages.items() if n in found), "the suite's venv is not the lock's"
-    return str(folder / "bin" / "python"), set(packages) - set(found)
+@pytest.fixture(scope="module")
+def image_env(tmp_path_factory) -> tuple[str, set[str]]:
+    """The venv of exactly the image's packages (made once a session), with their commands in
+    its bin/: its python and the packages the suite's venv lacks."""
+    return linked_venv(tmp_path_factory, image_packages())
 
 
 # What the image has and this suite's venv cannot: torch's CUDA libraries (its torch is the CPU
@@ -108,7 +91,7 @@ CUDA_ONLY = re.compile(r"^(nvidia-.*|cuda-.*|triton|pynvvideocodec)$")
 
 
 @pytest.mark.slow
-def test_the_image_packages_check_every_role_clean(tmp_path_factory):
+def test_the_image_packages_check_every_role_clean(image_env, tmp_path_factory):
     """`vlcorpus check` on every starter, in a venv of exactly the image's packages: a module a
     role imports that only the suite's extras (dev, demo, test) bring fails here. The packages
     are linked from the suite's venv, not installed: installing the image's set (6 GB with
@@ -116,7 +99,7 @@ def test_the_image_packages_check_every_role_clean(tmp_path_factory):
     whose lock entry the test above reads."""
     if f"{sys.version_info.major}.{sys.version_info.minor}" != base_python():
         pytest.skip(f"the image runs Python {base_python()}, this suite {platform.python_version()}")
-    python, missing = image_venv(tmp_path_factory.mktemp("image") / "venv", image_packages())
+    python, missing = image_env
     assert all(CUDA_ONLY.match(name) for name in missing), sorted(missing)
 
     models = put_models(tmp_path_factory.mktemp("models"))
@@ -133,9 +116,48 @@ def test_the_image_packages_check_every_role_clean(tmp_path_factory):
         assert not result.stderr.strip() and listing(folder) == before
 
 
+# A command's subcommands: the words before its first option or address.
+SUBCOMMAND = re.compile(r"^[a-z][a-z-]*$")
+
+
+@pytest.mark.slow
+def test_every_container_command_runs_in_the_image(image_env):
+    """The first word of every command a container of the image runs (compose's, Kubernetes',
+    the image's default) is a command of the image's packages; its subcommand answers --help
+    there, and that help names every option the container passes. (distributed 2026.6 and later
+    installs no `dask-scheduler` or `dask-worker`, which the Dask Helm chart ran.)"""
+    bin_dir = Path(image_env[0]).parent
+    helps: dict[tuple[str, ...], str] = {}
+    commands = container_commands()
+    assert {where.split()[0] for where, _ in commands} == {"compose", "dask", "prefect-worker", "Dockerfile"}
+    for where, argv in commands:
+        assert (bin_dir / argv[0]).is_file(), (where, argv)
+        words = (argv[0], *itertools.takewhile(SUBCOMMAND.match, argv[1:]))
+        if words not in helps:
+            shown = subprocess.run([str(bin_dir / argv[0]), *words[1:], "--help"], capture_output=True, text=True,
+                                   timeout=120, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"})
+            assert shown.returncode == 0, (where, shown.stderr[-500:])
+            helps[words] = shown.stdout
+        for option in argv:
+            if option.startswith("--"):
+                assert re.search(rf"{re.escape(option)}(?![\w-])", helps[words]), (where, option)
+
+
 def test_compose_and_kubernetes_run_the_one_image():
-    text = "\n".join((ROOT / "infra" / p).read_text() for p in
-                     ("docker-compose.yaml", "k8s/dask-values.yaml", "k8s/prefect-worker.yaml"))
-    images = set(re.findall(r"image: (vlcorpus\S*)", text)) | set(re.findall(r"repository: (vlcorpus\S*?),", text))
-    assert images == {"vlcorpus:latest", "vlcorpus"}
-    assert "dockerfile: infra/docker/Dockerfile}" in text and "Dockerfile." not in text
+    """Compose builds the image as `vlcorpus:latest`; every Kubernetes pod runs it from one
+    registry reference, tagged with the project's version, whose pull policy takes a copy that
+    a node already holds."""
+    (compose,) = documents(ROOT / "infra" / "docker-compose.yaml")
+    built = {s["image"] for s in compose["services"].values() if s["image"].startswith("vlcorpus")}
+    assert built == {"vlcorpus:latest"}
+    assert compose["services"]["prefect-server"]["build"] == {"context": "..", "dockerfile": "infra/docker/Dockerfile"}
+    containers = [c for spec in dask_pods().values() for c in spec["containers"]]
+    (values,) = documents(PREFECT_VALUES)
+    chart = values["worker"]["image"]
+    containers += [{"image": f"{chart['repository']}:{chart['prefectTag']}", "imagePullPolicy": chart["pullPolicy"]},
+                   *values["worker"]["initContainer"]["extraContainers"]]
+    (image,) = {c["image"] for c in containers}
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    registry, _, name = image.rpartition("/")
+    assert "." in registry.split("/")[0] and name == f"vlcorpus:{version}", image
+    assert {c["imagePullPolicy"] for c in containers} == {"IfNotPresent"}

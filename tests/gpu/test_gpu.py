@@ -4,7 +4,9 @@ download stage checks each file's end with one) and is skipped without one (docs
 says what to carry to a GPU machine):
 - the copy stream: the features of batches copied on their own stream and read one batch later
   are those of a CPU run of the same model;
-- NVDEC's frames against the CPU decoder's, on the same clips;
+- NVDEC's frames against the CPU decoder's, on the same untagged clips: a strict xfail until
+  the NV12 path converts them as the CPU does (tests/stages/test_nvdec.py, marked gpu too,
+  checks them on tagged video);
 - `vlcorpus build` through the local cluster featurizing on the GPU worker, with resnet and s3d.
 """
 
@@ -62,9 +64,12 @@ def test_the_copy_stream_gives_the_cpu_runs_features(tmp_path):
             torch.testing.assert_close(g, w, rtol=1e-2, atol=1e-2)
 
 
+# A known defect, strict: the run goes red when NVDEC's frames come within the bound (then the
+# mark goes) and when the path fails any other way than this bound; tests/stages/test_nvdec.py
+# holds NVDEC to its frames on tagged video meanwhile.
 @pytest.mark.xfail(reason="NVDEC's RGB output uses BT.709 for untagged video (7.9 levels off); "
-                          "the NV12 path of pipeline/media/nv12.py is not wired in yet (issue 44, part 4)",
-                   strict=False)
+                          "the NV12 path of pipeline/media/nv12.py is not wired in yet (issue 61)",
+                   strict=True, raises=AssertionError)
 def test_nvdec_frames_match_the_cpu_decoders(tmp_path):
     from pipeline.media import FrameRequest, FrameSpec, nvdec, sample_frames
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import shutil
 import struct
 import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -311,6 +311,8 @@ def test_very_long_video_streams_in_bounded_memory(tmp_path, bad):
 
 MAX_MB = 0.5  # download.max_filesize_mb in these tests
 TIMEOUT_S = 3  # download.timeout_s
+TRICKLE_BYTES = 400 * 1024
+ENDLESS_BYTES = int(32 * MAX_MB * 2**20)
 
 
 class _Site:
@@ -371,24 +373,25 @@ def _page(media: str, title: str = "a video", track: str | None = None) -> Calla
 
 
 def _routes(site: _Site, good: bytes) -> dict[str, Callable]:
+    # The stalls last until the server closes: only the client's timeout ends them.
     def stall_after_headers(h):
         _send(h, b"", length=False, headers={"Content-Length": str(len(good))})
         h.wfile.write(good[:1000])
         h.wfile.flush()
-        site.stop.wait(120)
+        site.stop.wait()
 
     def stall_before_headers(h):
-        site.stop.wait(120)
+        site.stop.wait()
 
     def endless(h):  # no Content-Length, 32 times the cap (bounded: a broken cap fills no disk)
         _send(h, good, length=False)
-        for _ in range(int(32 * MAX_MB * 16)):
+        for _ in range(ENDLESS_BYTES // (64 * 1024)):
             if site.stop.is_set():
                 return
             h.wfile.write(bytes(64 * 1024))
 
-    def trickle(h):  # 400 KB (under the size cap) at 10 KB/s: 40 s
-        body = good + bytes(400 * 1024 - len(good))
+    def trickle(h):  # TRICKLE_BYTES (under the size cap) at 10 KB/s: 40 s
+        body = good + bytes(TRICKLE_BYTES - len(good))
         _send(h, b"", length=False, headers={"Content-Length": str(len(body))})
         for at in range(0, len(body), 512):
             if site.stop.wait(0.05):
@@ -462,11 +465,8 @@ def test_bad_downloads_are_capped_and_recorded_quickly(site, tmp_path, bad):
                   "concurrency": len(urls), "subtitle_langs": ["en"]}))
     ctx = context(Corpus(str(tmp_path / "corpus")), cfg)
     _discover(bad, ctx)
-    started = time.monotonic()
+    # Unbounded, the stalls would hold the stage until the server closes (after this test).
     report = _run(bad, download.STAGE, ctx, batch_size=len(urls))
-    elapsed = time.monotonic() - started
-    # Unbounded, the stalls would wait for the server (120 s) and the trickle take 40 s.
-    assert elapsed < 30, elapsed
     ids = {name: video_id(*id_for_url(url)) for name, url in urls.items()}
     downloads = {r["video_id"]: r for r in ctx.corpus.read("downloads").to_pylist()}
     for name, expected in HTTP_CASES.items():
@@ -474,6 +474,13 @@ def test_bad_downloads_are_capped_and_recorded_quickly(site, tmp_path, bad):
             continue
         kinds, says = expected
         _assert_error(ctx.corpus, "download", ids[name], says, kinds)
+    # The caps cut each short: yt-dlp read with download.timeout_s, the trickle and the
+    # endless body were stopped before their ends.
+    errors = _errors(ctx.corpus, "download")
+    assert f"(read timeout={float(TIMEOUT_S)})" in errors[ids["stall-page"]]["message"]
+    for name, sent in (("trickle", TRICKLE_BYTES), ("endless", ENDLESS_BYTES)):
+        stopped = re.search(r"stopped after (\d+) bytes", errors[ids[name]]["message"])
+        assert stopped and int(stopped.group(1)) < sent, errors[ids[name]]
     assert report.ok == 2
     for name in ("good", "title"):
         row = downloads[ids[name]]
@@ -573,7 +580,7 @@ SUBTITLE_ERRORS = {"garbage_bytes": "not a subtitle file",
                    "huge_50mb": f"over the {MAX_SUBTITLE_BYTES // 2**20} MB limit"}
 
 
-def test_bad_subtitles(tmp_path, bad):
+def test_bad_subtitles(tmp_path, bad, monkeypatch):
     root = tmp_path / "corpus"
     (root / "subs").mkdir(parents=True)
     paths = _subtitle_cases(root / "subs")
@@ -589,9 +596,16 @@ def test_bad_subtitles(tmp_path, bad):
     ctx = context(corpus, parse_config(_config(
         [{"type": "urls", "urls": ["http://x/"]}], transcribe={"prefer": ["manual"]},
         align={"policy": "fixed", "length_s": 3.2, "candidates": 2})))
-    started = time.monotonic()
+    parsed: list[int] = []  # the size of each file the stage hands the parser
+
+    def parse(data, *args, **kwargs):
+        parsed.append(len(data))
+        return subtitle_sentences(data, *args, **kwargs)
+
+    monkeypatch.setattr(transcribe, "subtitle_sentences", parse)
     _run(bad, transcribe.STAGE, ctx)
-    assert time.monotonic() - started < 30  # the 50 MB file is refused, not parsed
+    # The 50 MB file is refused by its size: never read whole, never parsed.
+    assert len(parsed) == len(paths) - 1 and max(parsed) <= MAX_SUBTITLE_BYTES, parsed
     _run(bad, align.STAGE, ctx)
 
     for name, says in SUBTITLE_ERRORS.items():

@@ -4,15 +4,19 @@ worker killed mid-task.
 
 The random-kill test drives the real stages in order without Prefect (the same calls the stage
 flows make, minus the orchestration), so that each kill costs seconds and many seeds fit in
-the suite; the several-points test kills the whole `vlcorpus build` process group, Prefect
-server and Dask workers included, at each stage. Both rerun the killed root and compare it with
-one clean build of the same config, made once for the module (a build costs CPU-seconds before
-it does any work). At the end of the session pytest prints
-"fault points tried: N, mismatched rebuilds: M".
+the suite; its kills land at random points of the build's own progress (after a random number
+of its commits, then a random moment), never in its imports or after its end. The
+several-points test kills the whole `vlcorpus build` process group, Prefect server and Dask
+workers included, at each stage. Both rerun the killed root and compare it with one clean build
+of the same config, made once for the module (a build costs CPU-seconds before it does any
+work). At the end of the session pytest prints "fault points tried: N, mismatched rebuilds: M":
+the kills and failed writes that landed, and the rebuilds (or resumed runs) that differed from
+what a clean run gives, each of which also fails its test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -29,6 +33,7 @@ import yaml
 
 from conftest import ROOT, dask_cluster, require_binaries, vlcorpus
 from sitekit import copy_site, spread_pages
+from tablekit import tables
 from pipeline.download import stage as download
 from pipeline.config import parse_config
 from pipeline.demo import serve_demo
@@ -39,7 +44,6 @@ from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 
 pytestmark = pytest.mark.slow
-VOLATILE = {"discovered_at", "downloaded_at", "released_at", "time"}
 SEEDS = range(2)
 KILLS_PER_SEED = 3
 
@@ -81,22 +85,38 @@ def _start(config: Path, root: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _finish(config: Path, root: Path) -> None:
+def _commits(root: Path) -> frozenset[tuple[str, int]]:
+    """Every committed table file and shard under ``root`` (name and time): a commit adds one."""
+    found = set()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            if name.endswith((".parquet", ".tar")) and not name.startswith("."):
+                path = os.path.join(folder, name)
+                with contextlib.suppress(FileNotFoundError):  # a compaction removed it meanwhile
+                    found.add((path, os.stat(path).st_mtime_ns))
+    return frozenset(found)
+
+
+def _watched(config: Path, root: Path, kill_after: int | None = None,
+             rng: random.Random | None = None) -> tuple[int, bool]:
+    """The driver on ``root``, its commits counted as they appear; with ``kill_after``, SIGKILLed
+    a random moment (up to 0.3 s) after its ``kill_after``-th. Returns (commits seen, whether
+    the kill landed: the process was still running). A build that ends first must succeed."""
     proc = _start(config, root)
-    assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
-
-
-def tables(root: Path) -> dict[str, list]:
-    """Every table's rows, sorted, without times, and with the root in paths and messages
-    written as ROOT (the two builds under comparison live in different folders)."""
-    corpus = Corpus(str(root))
-    out = {}
-    for table in corpus.tables():
-        data = corpus.read(table)
-        keep = [c for c in data.column_names if c not in VOLATILE]
-        rows = json.loads(json.dumps(data.select(keep).to_pylist(), default=str).replace(str(root), "ROOT"))
-        out[table] = sorted(rows, key=repr)
-    return out
+    before = _commits(root)
+    made: set[tuple[str, int]] = set()
+    while proc.poll() is None:
+        made |= _commits(root) - before
+        if kill_after is not None and len(made) >= kill_after:
+            time.sleep(rng.uniform(0, 0.3))
+            landed = proc.poll() is None
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return len(made | (_commits(root) - before)), landed
+        time.sleep(0.05)
+    assert proc.returncode == 0, proc.stderr.read()[-3000:]
+    return len(made | (_commits(root) - before)), False
 
 
 def shard_bytes(root: Path) -> dict[str, bytes]:
@@ -108,8 +128,8 @@ def shard_bytes(root: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def served(demo_corpus, tmp_path_factory):
     """The demo site on one server for the whole module (page URLs are part of video ids),
-    the build config, and one clean build with how long it took. The clean build runs the
-    stages without Prefect; a clean `vlcorpus build` of the config has the same tables and
+    the build config, and one clean build with the number of its commits. The clean build runs
+    the stages without Prefect; a clean `vlcorpus build` of the config has the same tables and
     shard files, byte for byte."""
     _, site = demo_corpus
     base_dir = tmp_path_factory.mktemp("faults")
@@ -119,29 +139,28 @@ def served(demo_corpus, tmp_path_factory):
                                 for p in ("tour-0.html", "tour-1.html", "gone.html", "broken.html")))
         config = _config(base_dir / "build.yaml", urls)
         clean = base_dir / "clean"
-        started = time.monotonic()
-        _finish(config, clean)
-        yield config, clean, time.monotonic() - started
+        commits, _ = _watched(config, clean)
+        yield config, clean, commits
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_sigkill_at_random_points_then_rerun_equals_clean_build(served, tmp_path, seed, tally):
-    config, clean, seconds = served
+    config, clean, commits = served
     count = tally("fault points", "tried", "mismatched rebuilds")
     rng = random.Random(seed)
     root = tmp_path / "killed"
-    for _ in range(KILLS_PER_SEED):
-        proc = _start(config, root)
-        # Anywhere from just after start-up to late in a clean build (a resumed run has less
-        # left to do, so later kills would often come after it ended).
-        deadline = time.monotonic() + rng.uniform(0.5, 0.75 * seconds)
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            count.add("tried")
-        proc.wait()
-    _finish(config, root)
+    # Kill points among the clean build's commits, before its last fifth: the killed runs
+    # together commit at least as many (what a kill lost is committed again), so each point is
+    # reached before the build is done, with room for commits counted as one (a file committed
+    # twice between two looks).
+    points = sorted(rng.sample(range(1, int(0.8 * commits)), KILLS_PER_SEED))
+    made = 0
+    for point in points:
+        seen, landed = _watched(config, root, kill_after=max(1, point - made), rng=rng)
+        made += seen
+        count.add("tried", int(landed))
+        assert landed, f"the run ended before its kill after {point} of {commits} commits"
+    _watched(config, root)
     same = tables(root) == tables(clean) and shard_bytes(root) == shard_bytes(clean)
     count.add("mismatched rebuilds", int(not same))
     assert tables(root) == tables(clean)
@@ -158,19 +177,12 @@ def _vlcorpus_build(config: Path, root: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def _committed(folder: Path) -> int:
-    if not folder.exists():
-        return 0
-    return sum(1 for p in folder.rglob("*") if p.suffix in (".parquet", ".tar")
-               and not p.name.startswith("."))
-
-
 def _kill_when(proc: subprocess.Popen, folder: Path) -> bool:
     """SIGKILL the build's process group once ``folder`` has a committed file; False when the
     build ended first."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
-        if _committed(folder):
+        if _commits(folder):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return True
@@ -240,7 +252,7 @@ def test_failed_batch_write_commits_nothing_and_keeps_earlier_batches(demo_corpu
         with monkeypatch.context() as patch, pytest.raises(OSError) as raised:
             failing = _FailingWrites(patch, ctx.corpus.fs, "downloads", code, after=1)
             run_stage(download.STAGE, ctx, batch_size=1)
-        count.add("tried")
+        count.add("tried", failing.refused)
         # The error names the cause and the file; nothing half-written is visible.
         assert raised.value.errno == code and "downloads" in str(raised.value)
         assert failing.refused == 1
@@ -252,12 +264,17 @@ def test_failed_batch_write_commits_nothing_and_keeps_earlier_batches(demo_corpu
         assert leftovers == []
         # With space (or rights) back, the rerun finishes exactly what was left.
         again = run_stage(download.STAGE, ctx, batch_size=1)
-    assert again.items == 3 - 1 - failed_before and again.ok + sum(again.errors.values()) == again.items
-    assert corpus.read("downloads").num_rows == len(corpus.done("downloads")) == 2
-    assert [r for r in corpus.read("downloads").to_pylist() if r["video_id"] == earlier[0]["video_id"]] == earlier
-    assert corpus.read("errors").column("kind").to_pylist() == ["permanent"]
-    assert validate(corpus) == []
-    count.add("mismatched rebuilds", 0)
+    rows = corpus.read("downloads").to_pylist()
+    resumed = {
+        "the rerun ran what was left": again.items == 3 - 1 - failed_before
+        and again.ok + sum(again.errors.values()) == again.items,
+        "each video downloaded once": len(rows) == len(corpus.done("downloads")) == 2,
+        "the earlier batch kept": [r for r in rows if r["video_id"] == earlier[0]["video_id"]] == earlier,
+        "the gone page a permanent error": corpus.read("errors").column("kind").to_pylist() == ["permanent"],
+        "the corpus valid": validate(corpus) == [],
+    }
+    count.add("mismatched rebuilds", int(not all(resumed.values())))
+    assert all(resumed.values()), [check for check, held in resumed.items() if not held]
 
 
 def test_dask_worker_killed_mid_task_build_completes(demo_corpus, tmp_path, prefect_server, tally):

@@ -111,6 +111,48 @@ def test_id_lists_txt_csv_parquet(tmp_path, memory_root):
     assert c["start_s"] is None  # end before start: span ignored, video kept
 
 
+def test_a_list_read_again_finds_its_known_videos_without_yt_dlp(tmp_path, memory_root, monkeypatch,
+                                                                  search_results):
+    """A night re-reads a list of known videos: a URL stored as it is listed is that video
+    (no extractor tried on it), the rest as always, and the counts are those of the slow path:
+    a known video listed twice is a duplicate, one a filter set since drops is dropped."""
+    from pipeline.discover import rows, stage
+
+    ids = [f"v{i:010d}" for i in range(40)]
+    (tmp_path / "ids.txt").write_text("".join(f"{i}\n" for i in ids))
+    (tmp_path / "more.csv").write_text(
+        "url,start,end\n"
+        f"https://www.youtube.com/watch?v={ids[0]}&t=42s,,\n"  # a known video, not as stored
+        f"https://www.youtube.com/watch?v={ids[1]},1,3\n"  # twice: a duplicate of the list above
+        "http://127.0.0.1:9/a.html,,\n")
+    sources = [{"type": "list", "path": str(tmp_path / "ids.txt"),
+                "url_template": "https://www.youtube.com/watch?v={id}"},
+               {"type": "list", "path": str(tmp_path / "more.csv"), "start_column": "start",
+                "end_column": "end"},
+               {"type": "search", "queries": ["apartment tour 2012"], "per_query": 4}]
+    first = discover(_ctx(memory_root, sources))
+    assert (first.found, first.duplicates, first.added) == (47, 2, 45)
+    assert discover(_ctx(f"{memory_root}-slow", sources)) == first
+    (tmp_path / "more.csv").write_text((tmp_path / "more.csv").read_text() + "http://127.0.0.1:9/new.html,,\n")
+    ctx, alike = (_ctx(root, sources, filters={"max_duration_s": 300})  # drops a known video of 312 s
+                  for root in (memory_root, f"{memory_root}-slow"))
+    asked: list[str] = []
+    real = rows.id_for_url
+    monkeypatch.setattr(rows, "id_for_url", lambda url: asked.append(url) or real(url))
+    with monkeypatch.context() as slow:  # every URL through yt-dlp's extractors, every row in Python
+        slow.setattr(stage, "_known", lambda corpus, todo: None)
+        expected = discover(alike)
+    assert len(asked) == 44 and (expected.known_before, expected.added) == (44, 1)
+    assert expected.dropped == {"too_long": 1}
+    asked.clear()
+    assert discover(ctx) == expected
+    # The known video listed otherwise than stored, in its canonical form; the new one.
+    assert asked == [f"https://www.youtube.com/watch?v={ids[0]}", "http://127.0.0.1:9/new.html"]
+    same = [c for c in ctx.corpus.read("videos").column_names if c != "discovered_at"]
+    assert ctx.corpus.read("videos", columns=same).sort_by("video_id") == \
+        alike.corpus.read("videos", columns=same).sort_by("video_id")
+
+
 def test_bad_lists_and_schemes_become_errors(tmp_path, memory_root):
     (tmp_path / "bad.csv").write_text("link\nhttp://127.0.0.1:9/x.html\n")
     (tmp_path / "bytes.parquet").write_bytes(b"PAR1 not really")

@@ -24,7 +24,7 @@ from pipeline.discover import discover
 from pipeline.compose.health import assess
 from pipeline.runner import error_row, run_stage
 from pipeline.compose.stages import context
-from pipeline.corpus.status import network_down
+from pipeline.compose.status import network_down
 from pipeline.corpus.storage import Corpus
 
 

@@ -368,3 +368,37 @@ def test_skipping_non_reference_frames_takes_the_nearest_decoded_frame(tmp_path)
             nearest = min(k for k in kept if abs(k - t) <= distance + 1e-6)  # of two as near, the earlier
             assert distance <= 1 / FPS + 1e-6, (request.key, t, nearest)
             assert np.array_equal(image, next(img for pts, img in every if abs(pts - nearest) < 1e-6)), (request.key, t)
+
+
+def test_an_ffmpeg_stopped_by_a_signal_is_the_machines_failure_not_the_medias():
+    """A SLURM job ended by its walltime or preempted sends SIGTERM to every process of the job,
+    ffmpeg's too: that item is retried by the next run, never a final bad_input."""
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    from pipeline.errors import InternalError
+    from pipeline.media.process import run_ffmpeg
+
+    require_binaries("ffmpeg")
+    raised: list[BaseException] = []
+
+    def forever() -> None:
+        try:
+            run_ffmpeg(["-f", "lavfi", "-i", "sine=frequency=440", "-f", "null", "-"], timeout_s=300)
+        except BaseException as exc:  # noqa: BLE001 - what the stage's item would get
+            raised.append(exc)
+
+    thread = threading.Thread(target=forever)
+    thread.start()
+    while not (ffmpeg := [p for p in psutil.Process().children() if p.name() == "ffmpeg"]):
+        time.sleep(0.05)
+    while not ffmpeg[0].cpu_times().user:  # running, its handler set: it stops itself, exit 255
+        time.sleep(0.05)
+    ffmpeg[0].send_signal(signal.SIGTERM)
+    thread.join()
+    assert [type(exc) for exc in raised] == [InternalError]
+    # Killed as it started, or stopped on its own once its handler had the signal.
+    assert str(raised[0]) in ("ffmpeg was stopped by SIGTERM", "ffmpeg was stopped by a signal (it exits 255 then)")

@@ -1,6 +1,6 @@
 """Published models downloaded on first use, from stand-in hubs on 127.0.0.1 (tests/hubkit.py):
 into the libraries' caches, once per machine, never where an offline switch says so, a refusal
-within two seconds where the hub cannot be reached, and every weight file checked against its
+after one probe where the hub cannot be reached, and every weight file checked against its
 pinned sha256, downloaded or found in the cache."""
 
 # ruff: noqa: E402
@@ -40,9 +40,9 @@ UNSERVED = {"s3d_howto100m.pth": "0" * 64, "s3d_dict.npy": "0" * 64}
 MILNCE = "/cluster-willow/amiech/howto100m/"
 # Builds each extractor named after the first two arguments ("download" or "off": the config's
 # features.download_weights; the pins the process adds, as JSON) and prints one JSON line per
-# name: the seconds its build took, and its weights id and the sentence's features, or its refusal.
+# name: its weights id and the sentence's features, or its refusal.
 _BUILD = f"""
-import json, logging, sys, time
+import json, logging, sys
 logging.getLogger("pipeline.models.cache").addHandler(logging.StreamHandler())
 logging.getLogger("pipeline.models.cache").setLevel(logging.INFO)
 from pipeline.config import ExtractorConfig, FeaturesConfig, FramesConfig
@@ -52,7 +52,6 @@ from pipeline.models.pins import SHA256
 SHA256.update(json.loads(sys.argv[2]))
 features = FeaturesConfig(device="cpu", download_weights=sys.argv[1] == "download")
 for name in sys.argv[3:]:
-    start = time.perf_counter()
     try:
         extractor = build_extractor(ExtractorConfig(name=name), FramesConfig(), features)
     except SetupError as exc:
@@ -61,7 +60,7 @@ for name in sys.argv[3:]:
         row = {{"weights_id": extractor.weights_id}}
         if isinstance(extractor, TextExtractor):
             row["vector"] = extractor.encode([{SENTENCE!r}])[0].tolist()
-    print(json.dumps({{"name": name, "seconds": time.perf_counter() - start, **row}}), flush=True)
+    print(json.dumps({{"name": name, **row}}), flush=True)
 """
 
 
@@ -149,22 +148,24 @@ def test_an_offline_switch_is_a_refusal_at_once_without_a_connection(tmp_path, m
         found = build(env, *names, download=bool(switch), pins=UNSERVED)
         assert hub.connections == 0
     for row in found:
-        assert "cannot be downloaded here: " + says in row["error"] and row["seconds"] < 2, row
+        assert "cannot be downloaded here: " + says in row["error"], row
     assert "`vlcorpus fetch-models CONFIG` fetches every model a config needs" in found[0]["error"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("silent", [False, True], ids=["drops connections", "never answers"])
-def test_an_unreachable_hub_is_a_refusal_within_seconds(tmp_path, silent):
+def test_an_unreachable_hub_is_a_refusal_after_one_probe(tmp_path, silent):
     with unreachable_hub(silent) as hub:
         env = hub_env(tmp_path / "hf", hub, TORCH_HOME=str(tmp_path / "torch"))
         found = build(env, "text:org/minilm", "resnet34", "s3d_howto100m", pins=UNSERVED)
         assert hub.connections == 1  # the first probe; the others know the hub is down
-    # One probe's wait (PROBE_TIMEOUT_S) and the checks' own work, never the libraries' retries
-    # (tens of seconds); a bound with room for a busy machine, not a timing.
-    assert sum(row["seconds"] for row in found) < PROBE_TIMEOUT_S + 4, found
+    # One probe, ended by its own timeout where the hub is silent (the request's or the wait's,
+    # whichever comes first); the other models knew the hub was down, and the libraries (whose
+    # retries take tens of seconds) were never asked.
+    timeouts = ("(TimeoutError: timed out)", f"(no answer in {PROBE_TIMEOUT_S:g} s)")
     for row in found:
-        assert f"it cannot be downloaded: {hub.url} cannot be reached" in row["error"], row
+        assert f"it cannot be downloaded: {hub.url} cannot be reached (" in row["error"], row
+        assert not silent or any(t in row["error"] for t in timeouts), row
     text, resnet, milnce = (row["error"] for row in found)
     assert text.startswith("text:org/minilm: no local copy of the Hugging Face model 'org/minilm' (looked in the "
                            f"cache {tmp_path / 'hf' / 'hub'}; not in it), and it cannot be downloaded")

@@ -1,7 +1,8 @@
 """Decoding on the GPU (media.nvdec), as far as a machine without one can tell: where frames are
 decoded for each features.decode, the one log line of auto's fallback, the setup error of an
 nvdec that cannot be had, and the GPU path's image steps (resize, crop, turn) run on CPU tensors
-against the CPU path. The decode itself runs on a GPU machine: bench/featurize.py."""
+against the CPU path. The decode itself, NVDEC's frames against the CPU path's, is in the GPU
+layer (marked gpu: make test-gpu) and bench/featurize.py."""
 
 # ruff: noqa: E402
 from __future__ import annotations
@@ -146,6 +147,7 @@ NEEDS_NVDEC = pytest.mark.skipif(nvdec.unavailable() is not None, reason=f"NVDEC
 NVDEC_PIXEL_MEAN = 3.0
 
 
+@pytest.mark.gpu
 @NEEDS_NVDEC
 def test_nvdec_takes_the_frame_shown_at_each_time(tmp_path):
     """Frame n of the counter video has luma 16 + 2n (qp 1 keeps every level, and B-frames,
@@ -170,6 +172,7 @@ def moving420(tmp_path_factory) -> str:
                    **{"x264-params": "colormatrix=smpte170m:colorprim=smpte170m:transfer=smpte170m"})
 
 
+@pytest.mark.gpu
 @NEEDS_NVDEC
 def test_nvdec_frames_match_the_cpu_path(moving420):
     specs = [FrameSpec(fps=2), FrameSpec(frames=8, short_side=128, crop=112)]
@@ -183,6 +186,7 @@ def test_nvdec_frames_match_the_cpu_path(moving420):
         assert error.mean() < NVDEC_PIXEL_MEAN, (request.key, error.mean())
 
 
+@pytest.mark.gpu
 @NEEDS_NVDEC
 def test_a_video_nvdec_refuses_is_sampled_on_the_cpu(moving, caplog):
     """H.264 4:4:4, which the decoder's capabilities may accept but NVDEC cannot decode."""

@@ -48,6 +48,8 @@ def _truth(corpus: Corpus, site: DemoSite) -> dict[str, list]:
         page = "pages/" + row["url"].rsplit("/pages/", 1)[-1]
         if page in pages:
             truth[row["video_id"]] = [s for sc in pages[page].scenes for s in sc.sentences]
+    # Every narrated video of the site, each with something said: the tests loop over these.
+    assert len(truth) == len(site.videos) > 0 and all(truth.values()), truth
     return truth
 
 

@@ -23,7 +23,7 @@ from pipeline.corpus import partsummary
 from pipeline.config import parse_config
 from pipeline.runner import RetryPolicy, StageContext, run_stage
 from pipeline.compose.stages import context
-from pipeline.corpus.status import corpus_status, idle_partitions
+from pipeline.compose.status import corpus_status, idle_partitions
 from pipeline.corpus.storage import Corpus
 from pipeline.compose.summarize_partition import store_summary
 from pipeline.corpus.summary import summarize
@@ -86,6 +86,24 @@ def test_a_partition_without_files_has_nothing_to_do_without_a_summary(memory_ro
     assert sorted(idle) == sorted(set(corpus.labels()) - {corpus.partition_of("demo-one")})
     assert {c.table for counts in idle.values() for c in counts.values()} == {"downloads", "segments"}
     assert all(c.upstream == c.done == c.todo == 0 for counts in idle.values() for c in counts.values())
+
+
+def test_a_local_roots_files_are_listed_as_fsspec_lists_them(tmp_path, monkeypatch):
+    """A local root is walked with os.scandir, not fsspec's find: the same files, sizes and
+    versions, so the same fingerprints, and the summaries stored stay fresh."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    corpus = _summarized(Corpus(str(tmp_path / "corpus")))
+    with ThreadPoolExecutor(4) as pool:
+        walked = partsummary.fingerprints(corpus, pool)
+        with monkeypatch.context() as fsspec_only:
+            fsspec_only.setattr(Corpus, "is_local", property(lambda self: False))
+            assert partsummary.fingerprints(corpus, pool) == walked
+            assert [partsummary.fingerprint(corpus, label) for label in corpus.labels()] == \
+                [walked[label] for label in corpus.labels()]
+    assert [partsummary.fingerprint(corpus, label) for label in corpus.labels()] == \
+        [walked[label] for label in corpus.labels()]
+    assert len(idle_partitions(corpus, CFG, ["download"])) == len(corpus.labels())
 
 
 def test_a_kill_between_a_batch_and_its_partitions_summary_leaves_no_wrong_figure(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import stagekit
 from pipeline.errors import ErrorKind, StageStopped
 from pipeline.runner import Outcome, RetryPolicy, StageContext, error_row, run_stage
-from pipeline.corpus.status import partition_counts
+from pipeline.compose.status import partition_counts
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import validate
 

@@ -334,11 +334,14 @@ def test_the_card_snippets_run(corpus, offline):
         text = Path(corpus.path(card_path(fmt))).read_text()
         assert corpus.root not in text  # the same card wherever the corpus is
         namespace: dict = {"folder": corpus.path("shards", fmt)}
+        queried = 0
         for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
             exec(block, namespace)  # noqa: S102
             if "duckdb.sql(" in block:
                 counts = eval(block.strip().splitlines()[-1], namespace).fetchall()  # noqa: S307
                 assert dict(counts) == {s: len(c) for s, c in _by_split(corpus).items()}
+                queried += 1
+        assert queried == (fmt == "parquet")  # the Parquet card's DuckDB snippet ran
         assert list(namespace["splits"]) == ["train", "val", "test"]
         batch = next(iter(namespace["loader"]))
         assert 0 < len(batch) <= 32

@@ -20,7 +20,7 @@ from pipeline.runner import run_partition, run_stage
 from pipeline.shards import feature_array, open_parquet, open_webdataset, write_shards
 from pipeline.shards.stage import make_stage
 from pipeline.compose.stages import context
-from pipeline.corpus.status import corpus_status
+from pipeline.compose.status import corpus_status
 from pipeline.corpus.storage import Corpus
 from pipeline.corpus.validate import hand_back, validate
 

@@ -42,10 +42,12 @@ def test_deleted_batch_loses_keys(tmp_path):
     path = corpus.table_files("segments")[0]
     lost = sorted(set(pq.read_table(path).column("video_id").to_pylist())
                   | set(corpus.file_manifest(path)["empty"]))
+    assert lost, f"{path} holds no key to lose"
     corpus.fs.rm(path)
     messages = _messages(corpus)
-    for key in lost:
-        assert any(repr(key) in m and "neither in segments nor in errors" in m for m in messages)
+    named = [key for key in lost if any(repr(key) in m and "neither in segments nor in errors" in m
+                                        for m in messages)]
+    assert named == lost, messages
 
 
 def test_corrupted_schema_is_named(tmp_path):

@@ -18,6 +18,7 @@ from pipeline.runner import RetryPolicy, StageContext, per_item, run_stage
 from pipeline.corpus.storage import Corpus
 
 _STUCK = threading.Event()  # never set while a test waits on it: a deadlock, as native code has
+_INSIDE = threading.Semaphore(0)  # released on entering the deadlock, taken back on leaving it
 
 
 def _ctx(url: str, stall_s: float | None) -> StageContext:
@@ -27,7 +28,9 @@ def _ctx(url: str, stall_s: float | None) -> StageContext:
 
 def _hangs_on_stuck(item, ctx):
     if "stuck" in item.key:
+        _INSIDE.release()
         _STUCK.wait(60)
+        _INSIDE.acquire()
     return stagekit._download(item, ctx)
 
 
@@ -42,10 +45,11 @@ def test_a_stuck_batch_fails_as_internal_with_its_stacks_logged_and_the_next_run
     ctx = _ctx(memory_root, stall_s=1.0)
     stagekit.make_videos(ctx.corpus, 3, extra=("stuck1",), partitions=1)
     stage = replace(stagekit.DOWNLOAD, process=per_item(_hangs_on_stuck))
-    started = time.monotonic()
     with caplog.at_level(logging.ERROR, logger="vlcorpus"):
         report = run_stage(stage, ctx, batch_size=1)
-    assert time.monotonic() - started < 15
+    # The stage returned while its stuck item was still stuck (not once the wait ran out).
+    assert _INSIDE.acquire(blocking=False), "the stage waited for the stuck item"
+    _INSIDE.release()
     assert report.stopped.startswith("stalled: download p00000 made no progress for 1 s")
     assert report.errors == {"internal": 1}
     errors = ctx.corpus.read("errors").to_pylist()

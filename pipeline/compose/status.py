@@ -3,10 +3,12 @@
 The figures are the runner's own planning (``runner.key_sets``: input keys − done keys − final
 failures, with Arrow, over key columns), partition by partition, so status and a build agree on
 what is left and memory follows one partition, not the corpus. Each partition's figures are kept
-in its summary (pipeline/corpus/partsummary.py) and rescanned only where the partition's files or the
-config changed since. Nothing is written and no lock is taken: status reads committed files
-only, as planning does, and may run while a build writes. A file that a compaction replaces
-between the listing and the read is read again from a fresh listing.
+in its summary (pipeline/corpus/partsummary.py) and rescanned only where the partition's files
+or the config changed since. A build chooses the partitions it has work for from the same
+figures (``idle_partitions``): this module is the one home of what a corpus has left to do.
+Nothing is written and no lock is taken: status reads committed files only, as planning does,
+and may run while a build writes. A file that a compaction replaces between the listing and the
+read is read again from a fresh listing.
 
 JSON shape (``vlcorpus status ROOT --json``)::
 
@@ -46,11 +48,13 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline import graph
+from pipeline.compose.stages import context, parts
 from pipeline.corpus import partitions, partsummary
 from pipeline.config import Config
 from pipeline.errors import ErrorKind
 from pipeline.runner import FINAL_KINDS, KeySets, Stage, StageContext, key_sets
 from pipeline.progress import stdout_console
+from pipeline.score.stage import checkpoint_id
 from pipeline.corpus.storage import Corpus
 
 # Final kinds first, then those a build tries again.
@@ -124,8 +128,6 @@ def counts_from(data: dict[str, Any]) -> Counts:
 def partition_stages(cfg: Config) -> list[Stage]:
     """The per-partition runner stages of a config, in build order (featurize: one per
     extractor; score, when the config has it, after the others as in a build)."""
-    from pipeline.compose.stages import parts
-
     return [part for name in (*graph.PARTITION_STAGES, *graph.AFTER_TRAIN) for part in parts(name, cfg)
             if isinstance(part, Stage)]
 
@@ -164,21 +166,19 @@ def status_key(corpus: Corpus, cfg: Config) -> str:
     the stages and what they must do again (not those of how a build runs, what it discovers or
     how it downloads, so that a config tuned between builds keeps the summaries), and the score
     model's weights (a new model's clips are scored again)."""
-    from pipeline.score.stage import checkpoint_id
-
     settings = cfg.model_dump(mode="json", exclude=_NOT_IN_STATUS)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     return f"{digest}:{checkpoint_id(corpus, cfg) if cfg.score_model else ''}"
 
 
-def partition_status(corpus: Corpus, cfg: Config, rescan: bool = True) -> dict[str, dict[str, Counts]]:
+def partition_status(corpus: Corpus, cfg: Config, rescan: bool = True,
+                     prints: dict[str, str] | None = None) -> dict[str, dict[str, Counts]]:
     """``{partition: {stage: Counts}}`` from the partitions' summaries, the partitions whose
-    summary is missing or stale rescanned (without ``rescan``: left out)."""
-    from pipeline.compose.stages import context
-
+    summary is missing or stale rescanned (without ``rescan``: left out); ``prints``: the
+    partitions' fingerprints, when taken already."""
     found = partsummary.gather(corpus, {SECTION: status_section(context(corpus, cfg))},
                                labels=corpus.labels(), keys={SECTION: status_key(corpus, cfg)},
-                               rescan=rescan)
+                               rescan=rescan, prints=prints)
     return {label: {name: counts_from(c) for name, c in sections[SECTION].items()}
             for label, sections in found.items()}
 
@@ -190,12 +190,12 @@ def idle_partitions(corpus: Corpus, cfg: Config, stages: list[str],
     them. Decided from the summaries alone; a partition without a fresh one has work, unless it
     holds no file in any table (discover put no video there: a fresh root's, or a small corpus
     in many partitions), which has nothing to do and counts nothing."""
-    found = partition_status(corpus, cfg, rescan=False)
+    with ThreadPoolExecutor(partsummary.WORKERS) as pool:
+        held = partsummary.fingerprints(corpus, pool)
+    found = partition_status(corpus, cfg, rescan=False, prints=held)
     idle = {label: counts for label, counts in found.items()
             if all(name in counts and not counts[name].todo and not (retry_failed and counts[name].final)
                    for name in stages)}
-    with ThreadPoolExecutor(partsummary.WORKERS) as pool:
-        held = partsummary.fingerprints(corpus, pool)
     outputs = {stage.name: stage.output for stage in partition_stages(cfg)}
     for label in set(corpus.labels()) - set(found) - set(held):
         idle[label] = {name: Counts(outputs.get(name, name)) for name in stages}

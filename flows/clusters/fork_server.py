@@ -26,6 +26,7 @@ one of its own.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import signal
@@ -37,7 +38,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import connection, forkserver, resource_tracker
 
-from pipeline.config import Config
 from pipeline.gc_pause import collector_paused
 
 # The module whose import readies a worker process (a Dask preload).
@@ -64,8 +64,10 @@ def start(*, from_here: bool = False) -> None:
     forkserver.set_forkserver_preload([WORKER_START])
     fork = from_here and _CAN_FORK_HERE
     if fork:
+        # What the workers import, by name: this module is the workers' start, below the flows
+        # it starts them for (the command line runs them later).
         with collector_paused():
-            import flows.build  # noqa: F401  (what the workers import; this process runs it later)
+            importlib.import_module(WORKER_START)
         fork = threading.active_count() == 1
     # Its standard error (and so its workers') is a pipe that this process copies to its own
     # standard error, whatever that is by then: the build's log file, opened after the checks.
@@ -153,21 +155,3 @@ def fork_server() -> Iterator[None]:
     finally:
         _depth[0] -= 1
         stop()
-
-
-def cluster_address(cfg: Config, dask_address: str | None = None) -> str | None:
-    """The Dask cluster a build should use: given, in the config, or the workers' environment
-    (which lets a deployment's workers point every build at their cluster)."""
-    return dask_address or cfg.execution.dask_address or os.environ.get("VLCORPUS_DASK_ADDRESS")
-
-
-@contextmanager
-def local_workers(cfg: Config, root: str, dask_address: str | None = None) -> Iterator[None]:
-    """The fork server of a local cluster's worker processes, when the build will start one
-    (none on a given cluster, or for an in-memory root, whose workers are threads)."""
-    if cluster_address(cfg, dask_address) is None and not root.startswith("memory://"):
-        with fork_server():
-            yield
-    else:
-        stop()  # one the command line started before it knew
-        yield
