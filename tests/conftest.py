@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -123,6 +125,20 @@ def vlcorpus(*args: str, env: Mapping[str, str] | None = None, cwd: Path | None 
     python, or hubkit.pinned_command's."""
     return subprocess.run([*launcher, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=cwd, env=env)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop ``proc`` and what it started (its session: the server's uvicorn, the worker's flow
+    runs). A Prefect worker that was sent SIGTERM waits for its flow runs, a minute at times
+    here: not for a test's teardown."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
 
 
 def build_json(config: Path, *args: str, env: Mapping[str, str] | None = None,

@@ -26,6 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -71,9 +72,10 @@ class Stats:
 @dataclass
 class Block:
     """Every request after the first ``after`` is refused with ``code`` for ``seconds`` (from
-    the first refusal), and on until it has refused the pages of at least ``videos`` different
-    videos (a loaded machine sends few requests in a few seconds, and a refused caption track
-    fails no download: a refused page does); then the server serves again. With
+    the first refusal), and on until it has refused the page of each of at least ``videos``
+    different videos twice (a loaded machine sends few requests in a few seconds; a refused
+    caption track fails no download, and a video whose page is refused once extracts again
+    before its 403 counts); then the server serves again. With
     ``again_after``, the block comes back once, that many seconds after it ended, for
     ``seconds`` more."""
 
@@ -84,7 +86,7 @@ class Block:
     videos: int = 0
     started: float | None = None
     refused: int = 0
-    refused_pages: set[str] = field(default_factory=set)
+    refused_pages: Counter[str] = field(default_factory=Counter)
 
     def refuses(self, request_number: int, video: str, page: bool) -> bool:
         if request_number <= self.after:
@@ -93,14 +95,15 @@ class Block:
         if self.started is None:
             self.started = now
         elapsed = now - self.started
-        blocked = elapsed < self.seconds or len(self.refused_pages) < self.videos
+        twice = sum(n >= 2 for n in self.refused_pages.values())
+        blocked = elapsed < self.seconds or twice < self.videos
         if self.again_after is not None:
             back = self.seconds + self.again_after
             blocked = blocked or back <= elapsed < back + self.seconds
         if blocked:
             self.refused += 1
             if page:
-                self.refused_pages.add(video)
+                self.refused_pages[video] += 1
         return blocked
 
     @property

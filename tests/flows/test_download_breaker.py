@@ -118,9 +118,9 @@ def test_a_block_in_the_middle_of_101_videos_loses_none(tmp_path, prefect_server
     media = tiny_mp4(tmp_path / "tiny.mp4")
     stems = [f"{i:03d}" + ("-cap404" if i % 25 == 7 else "") for i in range(100)]
     # ~4 requests a video (page, two caption tracks, media): the block begins near video 40,
-    # and refuses the pages of at least 6 videos however few requests a loaded machine sends in
-    # its 20 s: refused pages come seconds apart (each fails its download at once), 3 of them
-    # within the window trip the breaker.
+    # and refuses the pages of at least 6 videos twice however few requests a loaded machine
+    # sends in its 20 s (a video's first 403 is taken for an expired URL and extracted again:
+    # only the second counts); 3 of them within the window trip the breaker.
     block = Block(after=160, seconds=20.0, code=403, videos=6)
     root = tmp_path / "corpus"
     with flaky_server(media, p429=0, pdrop=0, block=block) as (base, stats):

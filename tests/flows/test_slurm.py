@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, SCRIPT, require_binaries
+from conftest import ROOT, SCRIPT, require_binaries, stop_group
 from docskit import DOCS, code_blocks, commands
 import slurmkit
 from slurmkit import queue, slurm_cluster, unavailable, wait_gone
@@ -200,8 +200,7 @@ def test_a_deployments_run_builds_on_slurm_through_a_gpu_job_cancelled_mid_task(
                 time.sleep(1)
         assert run.state.is_completed(), (run.state, (tmp_path / "worker.log").read_text()[-4000:])
     finally:
-        worker.terminate()
-        worker.wait(timeout=60)
+        stop_group(worker)
     # Another GPU job ran the task again, with only what was left to do: the cancelled one's
     # SIGTERM stopped it mid-video, or let it finish the video in hand but not report back.
     others = "".join(p.read_text() for p in (root / "logs" / "slurm").glob(f"vlcorpus-{NAME}-gpu-*.err")

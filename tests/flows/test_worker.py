@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import ROOT, dask_cluster, spare_port
+from conftest import ROOT, dask_cluster, spare_port, stop_group
 from docskit import shell
 from hookkit import Hook, webhook
 
@@ -150,20 +149,6 @@ def _wait_up(url: str, proc: subprocess.Popen, log: Path, seconds: float = 180) 
             time.sleep(0.5)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop ``proc`` and what it started (its session: the server's uvicorn, the worker's flow
-    runs). A Prefect worker that was sent SIGTERM waits for its flow runs, a minute at times
-    here: not for a test's teardown."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
     from pipeline.demo import serve_demo
@@ -215,7 +200,7 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
             except AssertionError:
                 if attempt == 2 or "address already in use" not in server_log.read_text().lower():
                     raise
-                _stop(server)
+                stop_group(server)
                 procs.remove(server)
         with serve_demo(site):
             urls = base / "urls.txt"
@@ -241,7 +226,7 @@ def stack(tmp_path_factory, demo_corpus) -> Iterator[Stack]:
             yield stack
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop_group(proc)
 
 
 @pytest.fixture(autouse=True)
