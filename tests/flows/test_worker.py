@@ -572,8 +572,20 @@ def _stuck(client, deployment: str) -> dict[str, tuple]:
             for name, (run, state) in runs.items()}
 
 
+@pytest.fixture
+def own_liveness(stack):
+    """For a test that deploys a liveness of its own: the server's one automation back to
+    infra/prefect.yaml's window after it, which the stack's other tests run under (with this
+    file's 60 s, a busy SQLite that held the server up for its 60 s busy timeout had the next
+    test's live run marked Crashed)."""
+    yield
+    restored = stack.run(ONE_MACHINE[6])
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+
+
 @pytest.mark.slow
-def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run_again(stack, tmp_path):
+def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run_again(stack, own_liveness,
+                                                                                        tmp_path):
     """Worker and flow process SIGKILLed mid-build: the server marks the run Crashed within its
     liveness window (no later run needed), the alert posts it once, and the deployment's rerun
     takes the root's lock over from the dead build and completes the build (up to align), with no
