@@ -18,9 +18,7 @@ from pathlib import Path
 from conftest import spare_port
 
 from pipeline.align.stage import split_for
-from pipeline.demo.model import DemoSite
-from pipeline.demo.pages import write_text
-from pipeline.demo.serve import _QuietHandler, _QuietServer
+from pipeline.demo.serve import QuietHandler, serve_demo
 from pipeline.corpus.partitions import index_of
 from pipeline.discover import id_for_url
 from pipeline.ids import video_id
@@ -91,9 +89,13 @@ class HeldSite:
             self._open.wait()
 
 
-class _HeldHandler(_QuietHandler):
+class _HeldHandler(QuietHandler):
+    def __init__(self, *args, held: HeldSite, **kwargs) -> None:
+        self.held = held  # before the base class's __init__, which answers the request
+        super().__init__(*args, **kwargs)
+
     def do_GET(self) -> None:
-        self.server.held._gate(self.path)
+        self.held._gate(self.path)
         super().do_GET()
 
 
@@ -102,16 +104,9 @@ def held_site(site: Path, port: int = 0) -> Iterator[HeldSite]:
     """``site`` served as ``serve_demo`` serves it (urls.txt written for the server), on
     127.0.0.1, through a server whose media requests wait while it is held (``HeldSite.hold``)."""
     held = HeldSite()
-    server = _QuietServer(("127.0.0.1", port), functools.partial(_HeldHandler, directory=str(site)))
-    server.held = held
-    held.base = f"http://127.0.0.1:{server.server_address[1]}/"
-    write_text(site / "urls.txt", "".join(f"{u}\n" for u in DemoSite.load(site).page_urls(held.base)))
-    thread = threading.Thread(target=server.serve_forever, name="held-site", daemon=True)
-    thread.start()
-    try:
-        yield held
-    finally:
-        held.release()
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve_demo(site, port=port, handler=functools.partial(_HeldHandler, held=held)) as base:
+        held.base = base
+        try:
+            yield held
+        finally:
+            held.release()

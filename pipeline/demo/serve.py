@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -14,7 +14,7 @@ from pipeline.demo.model import DemoSite
 from pipeline.demo.pages import write_text
 
 
-class _QuietHandler(SimpleHTTPRequestHandler):
+class QuietHandler(SimpleHTTPRequestHandler):
     extensions_map = {**SimpleHTTPRequestHandler.extensions_map, ".vtt": "text/vtt", ".mp4": "video/mp4"}
 
     def log_message(self, format: str, *args: object) -> None:
@@ -29,13 +29,14 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 @contextlib.contextmanager
-def serve_demo(site_dir: Path, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+def serve_demo(site_dir: Path, host: str = "127.0.0.1", port: int = 0,
+               handler: Callable[..., QuietHandler] = QuietHandler) -> Iterator[str]:
     """Serve site_dir over HTTP in a daemon thread; yields the base URL, ending in '/'.
-    Writes urls.txt (every page URL for this server, one a line) into site_dir."""
+    Writes urls.txt (every page URL for this server, one a line) into site_dir. ``handler``
+    answers the requests (the tests' own, to hold some back), given ``directory``."""
     site_dir = Path(site_dir)
     site = DemoSite.load(site_dir)
-    handler = functools.partial(_QuietHandler, directory=str(site_dir))
-    server = _QuietServer((host, port), handler)
+    server = _QuietServer((host, port), functools.partial(handler, directory=str(site_dir)))
     base_url = f"http://{host}:{server.server_address[1]}/"
     write_text(site_dir / "urls.txt", "".join(f"{u}\n" for u in site.page_urls(base_url)))
     thread = threading.Thread(target=server.serve_forever, name="demo-http", daemon=True)
