@@ -62,17 +62,19 @@ def _config(tmp_path: Path, urls: Path, extra: str = "") -> Path:
     return path
 
 
-def _start(config: Path, mark: str, *args: str, first: bool = False) -> subprocess.Popen:
+def _start(config: Path, mark: str, *args: str, first: bool = False, temp: Path | None = None) -> subprocess.Popen:
     """`vlcorpus build CONFIG` as a user types it, its every process carrying ``mark`` in its
     environment. ``first``: the machine's first build, in a new Prefect home beside the config,
     by a user whose environment turns Prefect's migrations off (its server's new database is
     migrated all the same); otherwise the session's home, which holds the migrated template as
-    after any first build (migrating costs a server 5 CPU-s more)."""
+    after any first build (migrating costs a server 5 CPU-s more). ``temp``: the build's
+    temporary folder (TMPDIR), where its server's database folder goes."""
     first_home = {"PREFECT_HOME": str(config.parent / "prefect-home"),
                   "PREFECT_API_DATABASE_MIGRATE_ON_START": "false"} if first else {}
+    own_temp = {"TMPDIR": str(temp)} if temp else {}
     return subprocess.Popen([SCRIPT, "build", str(config), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=config.parent,
-                            env={**os.environ, "VLCORPUS_TEST_MARK": mark, **first_home})
+                            env={**os.environ, "VLCORPUS_TEST_MARK": mark, **first_home, **own_temp})
 
 
 def _marked(mark: str) -> list[str]:
@@ -117,14 +119,21 @@ def test_a_build_reports_its_setup_apart_from_its_work_and_leaves_no_process(tmp
         f"vlcorpus-empty-{importlib.metadata.version('prefect')}.db"]
 
 
-def test_a_build_killed_outright_leaves_no_process_and_the_next_build_removes_its_folder(tmp_path, site):
+def test_a_build_killed_outright_leaves_no_process_and_the_next_build_removes_its_folder(tmp_path, site,
+                                                                                        monkeypatch, request):
     """SIGKILLed, a build runs no exit handler: its processes stop by themselves, and the folder
     of its temporary server's database stays until the next build's server starts, which
-    removes it and the folders of other builds that are gone, never one of a live build."""
+    removes it and the folders of other builds that are gone, never one of a live build. The
+    build and the next one (this process's) have a temporary folder of their own: a build of
+    another test, started meanwhile in /tmp, would be the next build and remove the folder. The
+    folder's path is short: the build's fork server listens on a Unix socket in it."""
     from flows.temporary_server import FOLDER_PREFIX, TemporaryServer, _host_key, _owned_prefix
 
+    temp = Path(tempfile.mkdtemp(prefix="vlcorpus-kill-"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     mark = uuid.uuid4().hex
-    build = _start(_config(tmp_path, site), mark)
+    build = _start(_config(tmp_path, site), mark, temp=temp)
     deadline = time.monotonic() + 120
     # Killed once its server and workers are up: the root's first table is discover's.
     while not (tmp_path / "corpus" / "videos").exists() and build.poll() is None and time.monotonic() < deadline:
@@ -140,13 +149,9 @@ def test_a_build_killed_outright_leaves_no_process_and_the_next_build_removes_it
         me, f"{FOLDER_PREFIX}{pid}-{int(started) - 12345}-ffffffff-",  # on another host
         "vlcorpus-prefect-")]  # an older build's: whose, it does not say
     reused = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{pid}-{int(started) - 12345}-{_host_key()}-"))
-    try:
-        TemporaryServer().stop()  # the next build's
-        assert not left.exists() and not reused.exists()  # its pid names a process started later
-        assert all(folder.exists() for folder in kept)
-    finally:
-        for folder in kept:
-            shutil.rmtree(folder, ignore_errors=True)
+    TemporaryServer().stop()  # the next build's
+    assert not left.exists() and not reused.exists()  # its pid names a process started later
+    assert all(folder.exists() for folder in kept)
 
 
 def test_a_refused_build_starts_nothing_and_writes_nothing(tmp_path):
