@@ -25,6 +25,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -190,7 +191,7 @@ def main() -> None:
     if args.read:
         print(json.dumps(read(args.read, args.root)))
         return
-    server = None
+    server = made = None
     if args.s3:
         import s3fs
         from moto.server import ThreadedMotoServer
@@ -203,7 +204,7 @@ def main() -> None:
         s3fs.S3FileSystem().mkdir("bench")
         root = "s3://bench/corpus"
     else:
-        root = args.root or tempfile.mkdtemp(prefix="vlc-summaries-")
+        root = args.root or (made := tempfile.mkdtemp(prefix="vlc-summaries-"))
     try:
         figures = {"partitions": args.partitions, "videos": args.partitions * args.videos_per_partition, "root": root,
                    "write_s": round(write_corpus(root, args.partitions, args.videos_per_partition), 1)}
@@ -219,6 +220,8 @@ def main() -> None:
     finally:
         if server is not None:
             server.stop()
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -50,8 +53,8 @@ BY_FUNCTIONS = {"rehearsal", "vs_video2dataset"}  # the last two tests below
 LIBRARY = {"benchkit"}  # shared helpers, run by the scripts above
 
 
-def _run(script: str, args: list[str], timeout: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _run(script: str, args: list[str], timeout: int, temp: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **({"TMPDIR": str(temp)} if temp else {})}
     return subprocess.run([sys.executable, str(BENCH / f"{script}.py"), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -76,12 +79,20 @@ def test_every_bench_script_has_a_smoke_run():
 
 
 @pytest.mark.parametrize("script", sorted(QUICK) + [pytest.param(s, marks=pytest.mark.slow) for s in sorted(SLOW)])
-def test_a_tiny_run(script):
+def test_a_tiny_run(script, request):
+    """It runs, prints its figures and leaves none of the project's folders (``vlc*``) in its
+    temporary folder, a short path of its own (a fork server's Unix socket lives there). The
+    libraries' caches that outlive a run by design (``torchinductor_<user>``,
+    ``dask-scratch-space``) are theirs."""
     _needs(script)
     args, expected = {**QUICK, **SLOW}[script]
-    done = _run(script, args, timeout=600 if script in SLOW else 300)
+    temp = Path(tempfile.mkdtemp(prefix="vlc-bench-"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
+    done = _run(script, args, timeout=600 if script in SLOW else 300, temp=temp)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert expected in done.stdout, done.stdout[-2000:]
+    left = sorted(p.name for p in temp.iterdir() if p.name.startswith("vlc"))
+    assert not left, f"left in its temporary folder: {left}"
 
 
 def _bench_module(name: str):
