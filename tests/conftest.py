@@ -89,6 +89,16 @@ def pytest_runtestloop(session: pytest.Session) -> None:
 
 
 @pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A folder of the test's own in the system's temporary folder, removed after: a TMPDIR for
+    the processes a test starts, whose path stays short where ``tmp_path``'s is long (a build's
+    fork server listens on a Unix socket in it, and such a path holds at most 107 bytes)."""
+    folder = Path(tempfile.mkdtemp(prefix="vlc-test-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
 def memory_root() -> str:
     """A fresh in-memory corpus root (fsspec ``memory://``)."""
     return f"memory://vlc-{uuid.uuid4().hex}"

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -51,6 +49,10 @@ SLOW = {
 }
 BY_FUNCTIONS = {"rehearsal", "vs_video2dataset"}  # the last two tests below
 LIBRARY = {"benchkit"}  # shared helpers, run by the scripts above
+# The beginnings of what libraries keep in TMPDIR from one run to the next by design: torch's
+# compile cache (torchinductor_<user>), Dask's default local directory, onnxruntime's session
+# file (faster-whisper's voice detection).
+LIBRARY_CACHES = ("torchinductor_", "dask-scratch-space", ".ses")
 
 
 def _run(script: str, args: list[str], timeout: int, temp: Path | None = None) -> subprocess.CompletedProcess:
@@ -79,19 +81,15 @@ def test_every_bench_script_has_a_smoke_run():
 
 
 @pytest.mark.parametrize("script", sorted(QUICK) + [pytest.param(s, marks=pytest.mark.slow) for s in sorted(SLOW)])
-def test_a_tiny_run(script, request):
-    """It runs, prints its figures and leaves none of the project's folders (``vlc*``) in its
-    temporary folder, a short path of its own (a fork server's Unix socket lives there). The
-    libraries' caches that outlive a run by design (``torchinductor_<user>``,
-    ``dask-scratch-space``) are theirs."""
+def test_a_tiny_run(script, short_tmp):
+    """It runs, prints its figures and leaves nothing in its temporary folder (``short_tmp``)
+    but the libraries' caches."""
     _needs(script)
     args, expected = {**QUICK, **SLOW}[script]
-    temp = Path(tempfile.mkdtemp(prefix="vlc-bench-"))
-    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
-    done = _run(script, args, timeout=600 if script in SLOW else 300, temp=temp)
+    done = _run(script, args, timeout=600 if script in SLOW else 300, temp=short_tmp)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert expected in done.stdout, done.stdout[-2000:]
-    left = sorted(p.name for p in temp.iterdir() if p.name.startswith("vlc"))
+    left = sorted(p.name for p in short_tmp.iterdir() if not p.name.startswith(LIBRARY_CACHES))
     assert not left, f"left in its temporary folder: {left}"
 
 

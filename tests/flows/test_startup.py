@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -120,20 +119,17 @@ def test_a_build_reports_its_setup_apart_from_its_work_and_leaves_no_process(tmp
 
 
 def test_a_build_killed_outright_leaves_no_process_and_the_next_build_removes_its_folder(tmp_path, site,
-                                                                                        monkeypatch, request):
+                                                                                        monkeypatch, short_tmp):
     """SIGKILLed, a build runs no exit handler: its processes stop by themselves, and the folder
     of its temporary server's database stays until the next build's server starts, which
     removes it and the folders of other builds that are gone, never one of a live build. The
     build and the next one (this process's) have a temporary folder of their own: a build of
-    another test, started meanwhile in /tmp, would be the next build and remove the folder. The
-    folder's path is short: the build's fork server listens on a Unix socket in it."""
+    another test, started meanwhile in /tmp, would be the next build and remove the folder."""
     from flows.temporary_server import FOLDER_PREFIX, TemporaryServer, _host_key, _owned_prefix
 
-    temp = Path(tempfile.mkdtemp(prefix="vlcorpus-kill-"))
-    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(short_tmp))
     mark = uuid.uuid4().hex
-    build = _start(_config(tmp_path, site), mark, temp=temp)
+    build = _start(_config(tmp_path, site), mark, temp=short_tmp)
     deadline = time.monotonic() + 120
     # Killed once its server and workers are up: the root's first table is discover's.
     while not (tmp_path / "corpus" / "videos").exists() and build.poll() is None and time.monotonic() < deadline:
