@@ -38,11 +38,10 @@ from types import FrameType
 GRACE_S = 20.0
 
 _armed: list[threading.Timer] = []
-# The signals that came (not those this module sent again), in order; those sent again, on
-# their way, and their timers.
+# The signals that came (not those this module sent again), in order; those it sends again,
+# each with its timer, until they come.
 _received: list[int] = []
-_resent: list[int] = []
-_resends: list[threading.Timer] = []
+_resends: list[tuple[int, threading.Timer]] = []
 
 
 class Terminated(SystemExit):
@@ -76,8 +75,9 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     """Raise the signal's exception in the main thread, where ``frame`` was interrupted; where
     it would be lost, the signal comes again a moment later instead (the clock started, so
     that a stop that never gets out of there still ends)."""
-    if signum in _resent:
-        _resent.remove(signum)
+    resend = next((r for r in _resends if r[0] == signum), None)
+    if resend is not None:
+        _resends.remove(resend)
     else:
         _received.append(signum)
         _arm(signum)
@@ -107,10 +107,9 @@ def _lost_there(frame: FrameType | None) -> bool:
 
 def _again_soon(signum: int) -> None:
     """The signal once more, a moment later, when the main thread has left the callback."""
-    _resent.append(signum)
     timer = threading.Timer(0.05, os.kill, (os.getpid(), signum))
     timer.daemon = True
-    _resends.append(timer)
+    _resends.append((signum, timer))
     timer.start()
 
 
@@ -138,9 +137,8 @@ def stops_on_signals() -> Iterator[None]:
     finally:
         # A clock once started keeps running: the exit that follows may hang too (a handler
         # that waits on a server that is gone). A signal that would come again is over.
-        for timer in _resends:
+        for _, timer in _resends:
             timer.cancel()
         _resends.clear()
-        _resent.clear()
         for s, handler in before.items():
             signal.signal(s, handler)

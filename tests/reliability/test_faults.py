@@ -120,7 +120,7 @@ def _watched(config: Path, root: Path, kill_after: int | None = None,
     kill landed: the process was still running). A build that ends first must succeed."""
     with tempfile.NamedTemporaryFile("rb", prefix="commits-", suffix=".txt") as report:
         proc = _start(config, root, Path(report.name))
-        made = 0
+        made, landed = 0, False
         while proc.poll() is None:
             made += report.read().count(b"\n")
             if kill_after is not None and made >= kill_after:
@@ -128,10 +128,11 @@ def _watched(config: Path, root: Path, kill_after: int | None = None,
                 landed = proc.poll() is None
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
-                return made + report.read().count(b"\n"), landed
+                break
             time.sleep(0.05)
-        assert proc.returncode == 0, proc.stderr.read()[-3000:]
-        return made + report.read().count(b"\n"), False
+        else:
+            assert proc.returncode == 0, proc.stderr.read()[-3000:]
+        return made + report.read().count(b"\n"), landed
 
 
 def shard_bytes(root: Path) -> dict[str, bytes]:
