@@ -34,6 +34,25 @@ def crash(client: Any, deployment_id: UUID, name: str, times: int = 1, **paramet
     return client.read_flow_run(run.id)
 
 
+def trigger_loaded(client: Any, deployment_id: UUID, why: Callable[[], str], every_s: float = 5,
+                   seconds: float = 120) -> None:
+    """Once the server evaluates crashes with the deployment's rerun trigger: a probe run is
+    crashed every ``every_s`` until one of them is rerun. On PostgreSQL the server loads a new
+    automation when PostgreSQL notifies it, or else at its next reconcile (every 5 s), and a
+    crash it evaluated before then is never rerun. Prefect's listener of those notifications
+    ends for good once it fails to reconnect, as when PostgreSQL restarts (PrefectHQ/prefect#21083:
+    3.8 and 3.9 reconcile instead, and do not listen again)."""
+    probes: list[Any] = []
+    deadline = time.monotonic() + seconds
+    next_probe = time.monotonic()
+    while not any(reruns_of(client, deployment_id, probe) for probe in probes):
+        assert time.monotonic() < deadline, why()
+        if time.monotonic() >= next_probe:
+            probes.append(crash(client, deployment_id, f"probe-{len(probes)}"))
+            next_probe = time.monotonic() + every_s
+        time.sleep(0.5)
+
+
 def reruns_of(client: Any, deployment_id: UUID, crashed: Any) -> list:
     """The runs of the deployment that run ``crashed`` again."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterDeploymentId

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, SCRIPT, missing_system, require_binaries
-from rerunkit import claims_at_once, crash, reruns_of, wait_for
+from rerunkit import claims_at_once, crash, reruns_of, trigger_loaded, wait_for
 from sitekit import port_for_splits
 
 pytestmark = pytest.mark.slow
@@ -253,9 +253,12 @@ def test_a_crashed_run_is_rerun_exactly_once_on_postgres(stack, tmp_path):
     with temporary_settings({PREFECT_API_URL: stack.api_url, PREFECT_API_AUTH_STRING: stack.auth}), \
             get_client(sync_client=True) as client:
         (deployment,) = [d for d in client.read_deployments() if d.name == "rerun-once"]
-        twice = crash(client, deployment.id, "twice", times=2)
-        once = crash(client, deployment.id, "once")  # had the server acted on "twice" twice, this came after
         try:
+            # After the first test's restart of PostgreSQL, the server may learn of the trigger
+            # only at its next reconcile.
+            trigger_loaded(client, deployment.id, why=lambda: _log(stack, "prefect-server"))
+            twice = crash(client, deployment.id, "twice", times=2)
+            once = crash(client, deployment.id, "once")  # had the server acted on "twice" twice, this came after
             for run in (twice, once):
                 wait_for(lambda run=run: reruns_of(client, deployment.id, run),
                          why=lambda: _log(stack, "prefect-server"))
