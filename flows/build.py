@@ -45,6 +45,7 @@ from flows.partition_passes import backend, flow_limits, result_of, run_partitio
 from flows.build_progress import publish_summary
 from flows.services import build_services
 from flows.rerun import name_rerun
+from flows.revive import revived
 from flows.siblings import mark_crashed, repeated, superseded
 
 from pipeline.config import Config, config_hash, dump_config, load_config
@@ -305,8 +306,9 @@ def rebuild_corpus(
     if why is not None:
         get_run_logger().warning(why)
         return Cancelled(message=why)
-    summary = run_build(config, root=root, until=until, dask_address=dask_address,
-                        retry_failed=retry_failed)
+    with revived(run.id, get_run_logger()):
+        summary = run_build(config, root=root, until=until, dask_address=dask_address,
+                            retry_failed=retry_failed)
     if not summary["health"]["healthy"]:
         get_run_logger().error(summary["health"]["message"])
         # The message alone: Prefect raises a failed state's data as the run's exception, which

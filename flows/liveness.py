@@ -35,6 +35,8 @@ HEARTBEAT_ENV = "PREFECT_FLOWS_HEARTBEAT_FREQUENCY"
 # another deployment of the same flows (one served, or registered before this tag) may send
 # none, and must not be taken for dead.
 TAG = "vlcorpus-heartbeats"
+# How the state that this automation sets begins (flows/revive.py looks for it).
+SILENT = "Crashed: its process sent no heartbeat for"
 # Prefect sends heartbeats no more often than this (prefect.flow_engine.MINIMUM_HEARTBEAT_INTERVAL).
 MIN_HEARTBEAT_S = 30
 # Any of these ends a run's watch: a heartbeat starts the next wait, a final state ends it.
@@ -71,7 +73,7 @@ class Liveness(BaseModel):
         return {HEARTBEAT_ENV: str(self.heartbeat_s)}
 
     def message(self) -> str:
-        return (f"Crashed: its process sent no heartbeat for {self.crashed_after_s} s (the process or its "
+        return (f"{SILENT} {self.crashed_after_s} s (the process or its "
                 f"machine died, or its worker died before starting it); its committed batches are kept "
                 f"and the next run of the root resumes them")
 

@@ -61,13 +61,18 @@ def superseded(run: FlowRun) -> str | None:
 
 
 def repeated(run: FlowRun, crashed: UUID) -> str | None:
-    """Why ``run``, a rerun of the crashed run ``crashed``, should not build: another rerun of
-    it claimed it first (the trigger fired twice). None once ``run`` holds the claim. The claim
-    is a variable named after the crashed run, which the server creates only while no variable
-    has its name (one insert against a unique name: atomic on SQLite and on PostgreSQL), so of
-    any number of reruns exactly one builds."""
+    """Why ``run``, a rerun of the crashed run ``crashed``, should not build: the crashed run
+    was alive and is Crashed no more (flows/revive.py), or another rerun of it claimed it first
+    (the trigger fired twice). None once ``run`` holds the claim. The claim is a variable named
+    after the crashed run, which the server creates only while no variable has its name (one
+    insert against a unique name: atomic on SQLite and on PostgreSQL), so of any number of
+    reruns exactly one builds."""
     name = f"{CLAIM}-{crashed}"
     with get_client(sync_client=True) as client:
+        then = client.read_flow_run(crashed)
+        if then.state is not None and not then.state.is_crashed():
+            return (f"revived: flow run {then.name!r} ({crashed}) is {then.state.name}, not Crashed: the "
+                    f"server had marked it Crashed while it ran, and it builds (or built) on")
         _forget_old_claims(client)
         try:
             client.create_variable(VariableCreate(name=name, value=str(run.id), tags=[CLAIM]))
@@ -94,6 +99,18 @@ def _forget_old_claims(client: SyncPrefectClient) -> None:
                 client.delete_variable_by_name(variable.name)
 
 
+def run_tree(client: SyncPrefectClient, run_id: UUID) -> list[FlowRun]:
+    """The flow run ``run_id`` and its subflow runs, theirs, and so on."""
+    frontier = [run_id]
+    runs = [client.read_flow_run(run_id)]
+    while frontier:
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)), limit=200)
+        runs += children
+        frontier = [child.id for child in children]
+    return runs
+
+
 def mark_crashed(holder: Holder, reason: str, by: str) -> list[UUID]:
     """Mark the flow run that held a root's lock, and its unfinished subflow runs, Crashed:
     its process died with the lock (``reason``: the lock's evidence). Returns the runs marked."""
@@ -103,14 +120,7 @@ def mark_crashed(holder: Holder, reason: str, by: str) -> list[UUID]:
                f"the corpus root was taken over by {by}")
     marked: list[UUID] = []
     with get_client(sync_client=True) as client:
-        frontier = [UUID(holder.run)]
-        runs = [client.read_flow_run(frontier[0])]
-        while frontier:
-            children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)), limit=200)
-            runs += children
-            frontier = [child.id for child in children]
-        for run in runs:
+        for run in run_tree(client, UUID(holder.run)):
             if run.state is not None and not run.state.is_final():
                 client.set_flow_run_state(run.id, Crashed(message=message), force=True)
                 marked.append(run.id)

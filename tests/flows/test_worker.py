@@ -63,10 +63,12 @@ FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 # writer refused (infra/README.md says which; Stack.quiet): the worker's heartbeat, the write
 # after each of its polls (its queues' last poll, written again at the next), the event consumer
 # that evaluates the Crashed automation, and a run's state change, which the server logs before
-# it answers 503 and the client sends it again (prefect/server/orchestration/rules.py).
+# it answers 503 and the client sends it again (prefect/server/orchestration/rules.py), and the
+# task-run recorder's flush of a batch of events, which it tries again ("1 to retry, 0 dropped").
 PREFECT_SQLITE_REFUSALS = ("Worker channel heartbeat persistence failed", "mark_work_queues_ready",
                            "Failed in consume_loop", "Encountered error during state validation",
-                           "Worker channel setup failed due to a transient server error")
+                           "Worker channel setup failed due to a transient server error",
+                           "Error flushing")
 
 
 def _refused(record: str) -> bool:
@@ -268,16 +270,11 @@ def _wait_final(run_id: UUID, stack: Stack, seconds: float = 600):
 
 
 def _run_tree(client, run_id: UUID) -> list:
-    """The flow run and its subflow runs, all levels down."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    """The flow run and its subflow runs, all levels down (``flows.siblings.run_tree``, imported
+    only when called: collecting this module imports no Prefect)."""
+    from flows.siblings import run_tree
 
-    runs, frontier = [client.read_flow_run(run_id)], [run_id]
-    while frontier:
-        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)), limit=200)
-        runs += children
-        frontier = [child.id for child in children]
-    return runs
+    return run_tree(client, run_id)
 
 
 def _logs(run_id: UUID) -> list[str]:
@@ -405,7 +402,12 @@ def test_a_schedule_fires_and_the_worker_runs_it(stack, tmp_path):
 def test_overlapping_builds_of_one_root_never_interleave(stack, tmp_path):
     """A build that another deployment (or `vlcorpus build`) runs on the root holds its lock, and
     two runs of this deployment come due meanwhile: both wait for it, then take the root one at a
-    time (the root lock keeps runs apart as it keeps them from the other build)."""
+    time (the root lock keeps runs apart as it keeps them from the other build). One of them,
+    marked Crashed for silence as it waits (its heartbeats lost on a busy server: seen here on
+    SQLite), goes back to Running and completes (flows/revive.py)."""
+    from prefect.states import Crashed
+
+    from flows.liveness import Liveness
     from pipeline.corpus.rootlock import root_lock
     from pipeline.corpus.storage import Corpus
 
@@ -418,12 +420,18 @@ def test_overlapping_builds_of_one_root_never_interleave(stack, tmp_path):
             time.sleep(1)
         with _client() as client:
             assert all(client.read_flow_run(run_id).state.is_running() for run_id in ids)
+            client.set_flow_run_state(ids[0], Crashed(message=Liveness().message()), force=True)
+            while not client.read_flow_run(ids[0]).state.is_running():
+                assert time.monotonic() < deadline, stack.worker_log.read_text()[-4000:]
+                time.sleep(1)
         assert not Corpus(str(root)).table_files("videos")
     runs = [_wait_final(run_id, stack) for run_id in ids]
     for run in runs:
         _completed(run, stack)
         logs = _logs_with(run.id, lambda m: "lock taken after waiting" in m)
         assert any("lock taken after waiting" in m for m in logs), logs
+    revived = _logs_with(ids[0], lambda m: "it is Running again" in m)
+    assert any("marked this run Crashed while it ran" in m for m in revived), revived
     assert Corpus(str(root)).done("videos")
     # Each build's subflow runs ran inside its lock: the one taken later began after the other's ended.
     first, second = sorted((_build_span(run.id) for run in runs))
@@ -546,12 +554,32 @@ def _stuck(client, deployment: str) -> dict[str, tuple]:
     sends none), Running; ``pending``, of ``deployment``, as a worker that took the run and died
     before it started its process; ``subflow``, a subflow run of build_corpus (which carries no
     tag) in ``running``, as a build killed while the run was starting."""
-    from prefect import flow, task
     from prefect.states import Pending, Running
+
+    deployment_id = client.read_deployment_by_name(deployment).id
+    running = client.create_flow_run_from_deployment(deployment_id)
+    runs = {"running": (running, Running()),
+            "elsewhere": (_elsewhere(client), Running()),
+            "pending": (client.create_flow_run_from_deployment(deployment_id), Pending()),
+            "subflow": (_subflow_run(client, running), Pending())}
+    return {name: (run, client.set_flow_run_state(run.id, state, force=True).state)
+            for name, (run, state) in runs.items()}
+
+
+def _elsewhere(client):
+    """A new run of rebuild_corpus from no deployment, as from a served one."""
+    from prefect import flow
 
     @flow(name="rebuild_corpus")
     def elsewhere() -> None:
         """A stand-in: only its name goes to the server."""
+
+    return client.create_flow_run(elsewhere)
+
+
+def _subflow_run(client, parent):
+    """A new subflow run of build_corpus in the run ``parent``."""
+    from prefect import flow, task
 
     @flow(name="build_corpus")
     def subflow() -> None:
@@ -561,15 +589,35 @@ def _stuck(client, deployment: str) -> dict[str, tuple]:
     def parent_task() -> None:
         """What stands for the subflow run in its parent's run."""
 
-    deployment_id = client.read_deployment_by_name(deployment).id
-    running = client.create_flow_run_from_deployment(deployment_id)
-    in_parent = client.create_task_run(parent_task, flow_run_id=running.id, dynamic_key="0")
-    runs = {"running": (running, Running()),
-            "elsewhere": (client.create_flow_run(elsewhere), Running()),
-            "pending": (client.create_flow_run_from_deployment(deployment_id), Pending()),
-            "subflow": (client.create_flow_run(subflow, parent_task_run_id=in_parent.id), Pending())}
-    return {name: (run, client.set_flow_run_state(run.id, state, force=True).state)
-            for name, (run, state) in runs.items()}
+    in_parent = client.create_task_run(parent_task, flow_run_id=parent.id, dynamic_key="0")
+    return client.create_flow_run(subflow, parent_task_run_id=in_parent.id)
+
+
+def test_a_live_run_and_its_subflow_runs_marked_crashed_for_silence_go_back_to_running(stack):
+    """flows/revive.py on the stack's server: a run and its subflow run, both marked
+    Crashed by the liveness automation, are Running again; a run Crashed for another reason (its
+    root taken over) stays Crashed."""
+    import logging
+
+    from prefect.states import Cancelled, Crashed
+
+    from flows.liveness import Liveness
+    from flows.revive import revive
+
+    with _client() as client:
+        running = _elsewhere(client)
+        subflow, other = _subflow_run(client, running), _elsewhere(client)
+        try:
+            for run in (running, subflow):
+                client.set_flow_run_state(run.id, Crashed(message=Liveness().message()), force=True)
+            client.set_flow_run_state(other.id, Crashed(message="Crashed: its build's process died"), force=True)
+            assert revive(running.id, logging.getLogger(__name__)) == [running.name, subflow.name]
+            assert [client.read_flow_run(run.id).state.type.value for run in (running, subflow, other)] == \
+                ["RUNNING", "RUNNING", "CRASHED"]
+            assert revive(other.id, logging.getLogger(__name__)) == []
+        finally:  # ended: the server's liveness watch of them too
+            for run in (running, subflow, other):
+                client.set_flow_run_state(run.id, Cancelled(), force=True)
 
 
 @pytest.fixture
