@@ -4,7 +4,8 @@ go on, and a block that outlasts ``download.max_block_s`` stops the stage.
 
 Refusals are counted per *egress* (the direct connection, or one proxy). The bot check, HTTP
 429 and "try again later" are strong signals; an HTTP 403 is weak (it may be the video's own:
-private media, a missing PO token), so it counts only as one video among others. When
+private media, a missing PO token), so it counts only as one video among others, and only until
+a download let through after it succeeds (the site served after it: no block). When
 ``threshold`` different videos were refused through one egress within ``window_s``, it trips:
 nothing goes out through it for ``cooldown_s``, doubled with each trip until a download
 succeeds again (the first refusal after a cool-down trips it again at once). A download takes
@@ -47,7 +48,7 @@ class Policy:
 
 def fresh() -> State:
     return {
-        "events": [],  # [time, video tag] of refusals since the last trip, one per video
+        "events": [],  # [time, video tag, strong] of refusals since the last trip, one per video
         "open_until": 0.0,  # nothing goes out through this egress before this time
         "trips": 0,  # since the last success: the cool-down doubles with each
         "since": None,  # when the current block began (its first trip); None: not blocked
@@ -78,7 +79,7 @@ def refused(state: State | None, video: str, strong: bool, admitted: float, now:
     events = recent_events(s, video, admitted, now, policy)
     if events is None:
         return s
-    events.append([now, video_tag(video)])
+    events.append([now, video_tag(video), strong])
     blocked = s["since"] is not None
     if (strong and blocked) or len(events) >= policy.threshold:
         return tripped(s, now, policy, ongoing=blocked)
@@ -95,13 +96,21 @@ def tripped(s: State, now: float, policy: Policy, ongoing: bool) -> State:
                 "pauses": (s["pauses"] + [[now, until]])[-PAUSES_KEPT:]}
 
 
+def _served_after(event: list, admitted: float) -> bool:
+    """Whether a download let through at ``admitted`` shows that the 403 of ``event`` was no
+    block. (A strong refusal keeps counting: a session near its rate limit is refused now and
+    then between downloads. Events without the flag are strong.)"""
+    return event[2:] == [False] and event[0] < admitted
+
+
 def succeeded(state: State | None, admitted: float, now: float) -> State:
     """``state`` after a download let through at ``admitted`` succeeded: a download that began
-    after the last trip ends the block."""
+    after the last trip ends the block, and the 403s met before it no longer count."""
     s = fresh() | (state or {})
     # Its admission, not its end: only a download let through after a refusal shows that the
     # site served after it (one that ends later may have sent every request before).
     s["last_ok"] = max(s["last_ok"], admitted)
+    s["events"] = [e for e in s["events"] if not _served_after(e, admitted)]
     if admitted >= s["tripped_at"]:
         s |= {"trips": 0, "since": None}
     return s
@@ -218,7 +227,8 @@ class Gate:
         with self._lock:
             self._local_ok[egress] = max(self._local_ok.get(egress, 0.0), ticket.admitted)
             seen = self._seen.get(egress) or fresh()
-            healthy = seen["since"] is None and not seen["trips"]
+            healthy = seen["since"] is None and not seen["trips"] and not any(
+                _served_after(e, ticket.admitted) for e in seen["events"])
             # Downloads that end together write once: each write waits for the store's lock.
             if healthy and now - max(seen["last_ok"], self._wrote.get(egress, 0.0)) <= OK_EVERY_S:
                 return

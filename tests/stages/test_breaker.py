@@ -39,6 +39,18 @@ def test_403s_count_like_other_refusals_once_they_repeat_across_videos():
     assert _refusals(["a", "b", "c"], strong=False)["trips"] == 1
 
 
+def test_a_403_before_a_download_that_got_through_no_longer_counts():
+    """Videos' own 403s among downloads that get through (private videos in a crawl) never
+    add up to a trip; 429s do, as a session near its rate limit meets them between downloads."""
+    for strong, trips in [(False, 0), (True, 1)]:
+        state = _refusals(["a", "b"], strong=strong)
+        state = succeeded(state, admitted=2.5, now=3.0)
+        assert refused(state, "c", strong, admitted=3.0, now=3.0, policy=POLICY)["trips"] == trips
+    # A download let through before the 403 shows nothing about it.
+    state = succeeded(_refusals(["a", "b"], strong=False, start=1.0), admitted=0.5, now=3.0)
+    assert refused(state, "c", False, admitted=3.0, now=3.0, policy=POLICY)["trips"] == 1
+
+
 def test_cooldown_doubles_while_refused_and_resets_after_a_success():
     state = _refusals(["a", "b", "c"])
     # The first refusal after a cool-down trips again at once, for twice as long, up to the max.
@@ -219,6 +231,13 @@ def test_successes_of_a_healthy_egress_reach_the_store_at_most_every_few_seconds
     clock.now += 6  # past _OK_EVERY_S: the next success is written again
     gate.succeeded(gate.admit())
     assert store.updates == 2
+    # A success after a 403 is written at once: the 403 no longer counts for any worker.
+    clock.now += 1
+    gate.refused(gate.admit(), "own", strong=False)
+    before = store.updates
+    clock.now += 1
+    gate.succeeded(gate.admit())
+    assert store.updates == before + 1 and store.read(["direct"])["direct"]["events"] == []
     # While blocked every success is written: the first one after the trip ends the block.
     for video in "abc":
         gate.refused(gate.admit(), video)

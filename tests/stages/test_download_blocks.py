@@ -69,8 +69,9 @@ def test_no_video_is_lost_to_a_block(media, tmp_path, code):
     # 403 is weak (2 videos trip the breaker, each refused again after a fresh extraction), so
     # that block goes on until it has refused 2 videos' pages twice: a loaded machine sends few
     # requests in 2 s. It ends then, within the first run: the second run meets only the
-    # always-403 page's own refusal. (A 429 trips it at once, and then only the one download
-    # let through after each pause meets the block.)
+    # always-403 page's own refusal (a 403 of the first run that downloads got through after
+    # counts toward no trip: once it did, and the page was judged a block). (A 429 trips it at
+    # once, and then only the one download let through after each pause meets the block.)
     block = Block(after=45, seconds=2.0, code=code, videos=2 if code == 403 else 0)
     with flaky_server(media, p429=0, pdrop=0, block=block) as (base, stats):
         urls = [f"{base}/v/{i:02d}.html" for i in range(20)] + [f"{base}/v/02-forbidden.html"]
