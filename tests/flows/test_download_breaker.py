@@ -126,9 +126,10 @@ def test_a_block_in_the_middle_of_101_videos_loses_none(tmp_path, prefect_server
     with flaky_server(media, p429=0, pdrop=0, block=block) as (base, stats):
         stems.insert(10, _early_forbidden(base))
         cfg = _config("test-block-101", [f"{base}/v/{stem}.html" for stem in stems],
-                      # A window shorter than the downloads left after the block: refusals of
-                      # the block still in the window when the rerun's always-403 page is
-                      # refused again trip the egress, and the page is taken as blocked.
+                      # A window shorter than the downloads left after the block: 403s of the
+                      # block that no download got through after (the others no longer count),
+                      # still in the window when the rerun's always-403 page is refused again,
+                      # would trip the egress, and the page would be taken as blocked.
                       {"concurrency": 4, "rate_limit": 600, "subtitle_langs": ["en", "en-auto"],
                        "block_threshold": 3, "block_window_s": 15, "block_cooldown_s": 1,
                        "block_cooldown_max_s": 4},
