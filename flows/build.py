@@ -301,8 +301,8 @@ def rebuild_corpus(
     if rerun_of is not None:
         crashed = name_rerun(run, rerun_of)  # first: the run's logs carry its new name
         get_run_logger().warning("this run is %r run again, which ended Crashed; it resumes that build's "
-                                 "committed batches", crashed)
-    why = superseded(run) if rerun_of is None else repeated(run, rerun_of)
+                                 "committed batches", crashed.name)
+    why = superseded(run) if rerun_of is None else repeated(run, crashed)
     if why is not None:
         get_run_logger().warning(why)
         return Cancelled(message=why)

@@ -56,11 +56,11 @@ def _json(template: str) -> dict[str, object]:
     return {"__prefect_kind": "json", "value": {"__prefect_kind": "jinja", "template": template}}
 
 
-def name_rerun(run: FlowRun, crashed: UUID) -> str:
+def name_rerun(run: FlowRun, crashed: UUID) -> FlowRun:
     """Rename ``run`` (on the server, and the object its flow's logs and lock read) as the
-    rerun of the run ``crashed``; returns the crashed run's name."""
+    rerun of the run ``crashed``; returns the crashed run, as read now."""
     with get_client(sync_client=True) as client:
-        name = client.read_flow_run(crashed).name
-        client.set_flow_run_name(run.id, f"{name}{SUFFIX}")
-    run.name = f"{name}{SUFFIX}"
-    return name
+        then = client.read_flow_run(crashed)
+        client.set_flow_run_name(run.id, f"{then.name}{SUFFIX}")
+    run.name = f"{then.name}{SUFFIX}"
+    return then

@@ -4,12 +4,14 @@ The server marks a run Crashed once it has had no heartbeat of it for ``crashed_
 (flows/liveness.py). A server too busy to take heartbeats in loses some of a live run's: on a
 busy SQLite, Prefect gives an event up after five refused tries (infra/README.md). In the suite
 two heartbeats in a row of a run waiting for its root's lock were given up, and the live build
-was marked Crashed; it built to its end all the same and stayed Crashed, for Prefect refuses
-Completed after Crashed. So while a deployment's run builds, it reads its own state every
+was marked Crashed. Its own Completed replaces that state when it ends (the server takes
+Completed after Crashed), but until then the run shows a final state: whatever waits for its
+end takes the Crash for it (the suite's wait did), and its rerun, due a minute after the Crash,
+would build the root again. So while a deployment's run builds, it reads its own state every
 CHECK_S, and once more as it ends: marked Crashed by the liveness automation, it sets itself,
-and any of its subflow runs so marked (their Completed would be refused too), Running again and
-says so in its log. The Crashed state's alert has posted by then; a rerun scheduled meanwhile
-finds the run alive and ends Cancelled without building (``flows.siblings.repeated``)."""
+and any of its subflow runs so marked (they send heartbeats too), Running again and says so in
+its log. The Crashed state's alert has posted by then; a rerun scheduled meanwhile finds the run
+alive and ends Cancelled without building (``flows.siblings.repeated``)."""
 
 from __future__ import annotations
 

@@ -60,19 +60,18 @@ def superseded(run: FlowRun) -> str | None:
             f"same corpus; runs of a schedule missed while no worker was up collapse to the newest")
 
 
-def repeated(run: FlowRun, crashed: UUID) -> str | None:
-    """Why ``run``, a rerun of the crashed run ``crashed``, should not build: the crashed run
-    was alive and is Crashed no more (flows/revive.py), or another rerun of it claimed it first
-    (the trigger fired twice). None once ``run`` holds the claim. The claim is a variable named
-    after the crashed run, which the server creates only while no variable has its name (one
-    insert against a unique name: atomic on SQLite and on PostgreSQL), so of any number of
-    reruns exactly one builds."""
-    name = f"{CLAIM}-{crashed}"
+def repeated(run: FlowRun, crashed: FlowRun) -> str | None:
+    """Why ``run``, a rerun of the crashed run ``crashed`` (as read when ``run`` started), should
+    not build: the crashed run was alive and is Crashed no more (flows/revive.py), or another
+    rerun of it claimed it first (the trigger fired twice). None once ``run`` holds the claim.
+    The claim is a variable named after the crashed run, which the server creates only while no
+    variable has its name (one insert against a unique name: atomic on SQLite and on
+    PostgreSQL), so of any number of reruns exactly one builds."""
+    if crashed.state is not None and not crashed.state.is_crashed():
+        return (f"revived: flow run {crashed.name!r} ({crashed.id}) is {crashed.state.name}, not Crashed: "
+                f"the server had marked it Crashed while it ran, and it builds (or built) on")
+    name = f"{CLAIM}-{crashed.id}"
     with get_client(sync_client=True) as client:
-        then = client.read_flow_run(crashed)
-        if then.state is not None and not then.state.is_crashed():
-            return (f"revived: flow run {then.name!r} ({crashed}) is {then.state.name}, not Crashed: the "
-                    f"server had marked it Crashed while it ran, and it builds (or built) on")
         _forget_old_claims(client)
         try:
             client.create_variable(VariableCreate(name=name, value=str(run.id), tags=[CLAIM]))

@@ -72,7 +72,7 @@ def claims_at_once(runs: list, crashed: Any) -> list[str | None]:
 
     def claim(i: int) -> None:
         start.wait()
-        said[i] = repeated(runs[i], crashed.id)
+        said[i] = repeated(runs[i], crashed)
 
     # Each in this thread's context: the Prefect settings that name the server.
     threads = [threading.Thread(target=contextvars.copy_context().run, args=(claim, i)) for i in range(len(runs))]

@@ -340,7 +340,7 @@ def test_deployed_runs_send_heartbeats_and_a_crashed_run_is_rerun_and_alerted_ex
         # A crashed run that is Running again (flows/revive.py) is not run again.
         alive = crash(client, deployment_id, "alive")
         client.set_flow_run_state(alive.id, Running(), force=True)
-        said = repeated(twins[0], alive.id)
+        said = repeated(twins[0], client.read_flow_run(alive.id))
         assert said.startswith(f"revived: flow run 'alive' ({alive.id}) is Running, not Crashed"), said
 
         # The rerun names itself so when it starts; crashed too, it is not run again, while a run
