@@ -29,7 +29,7 @@ from prefect.deployments.runner import EntrypointType
 from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Schedule
-from prefect.settings import PREFECT_API_URL
+from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_API_URL
 from pydantic import ValidationError
 
 from prefect import Flow
@@ -101,7 +101,10 @@ def check_server() -> str:
     if not url:
         raise DeployError(f"no Prefect server to register the deployments on: PREFECT_API_URL is not set; {_START_ONE}")
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=10) as response:
+        # As long as Prefect's own client waits for an answer: a busy server (its SQLite in a long
+        # write, as in the suite) once took over 10 s to answer a health check it did answer.
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=PREFECT_API_REQUEST_TIMEOUT.value()) \
+                as response:
             healthy = response.status == 200
     except OSError as exc:
         raise DeployError(f"no Prefect server answers at PREFECT_API_URL={url} ({exc}); {_START_ONE}") from None

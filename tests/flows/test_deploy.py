@@ -1,20 +1,25 @@
 """`vlcorpus deploy` refuses, in one line each and before contacting any server, deployments that
 could not run as written (a working directory without their configs, no corpus root, a list file
 that is not there, a schedule it cannot read) and registers none of them; and, in one line, to
-register without a Prefect server to keep the deployments. The schedule forms of Prefect's
+register without a Prefect server to keep the deployments (one slow to answer is waited for as
+long as Prefect's client waits). The schedule forms of Prefect's
 prefect.yaml register as written. A deployment's crashed run is run again, and alerted, exactly
 once."""
 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import closing, contextmanager, suppress
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -75,6 +80,68 @@ def test_without_a_prefect_server_deploy_refuses_in_one_line(api):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vlcorpus deploy: no Prefect server")
     assert "prefect server start" in lines[0] and "ERROR" not in result.stderr
+
+
+# Longer than the 10 s the health check once waited: a busy server (its SQLite in a long write, at
+# the suite's start) answered later than that, and deploy said no server answered.
+HELD_S = 12
+
+
+@contextmanager
+def _slow_health(api_url: str) -> Iterator[str]:
+    """The API of ``api_url`` behind a proxy on 127.0.0.1 that answers the health check HELD_S late."""
+    upstream = api_url.removesuffix("/api")
+
+    class Forward(BaseHTTPRequestHandler):
+        def _forward(self) -> None:
+            if self.path == "/api/health":
+                time.sleep(HELD_S)
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+            request = urllib.request.Request(upstream + self.path, body, headers, method=self.command)
+            try:
+                reply = urllib.request.urlopen(request, timeout=60)
+            except urllib.error.HTTPError as exc:
+                reply = exc
+            with reply:
+                data = reply.read()
+                self.send_response(reply.status)
+                for key, value in reply.headers.items():
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _forward
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_server_slow_to_answer_is_waited_for_as_long_as_prefects_client_waits(prefect_server):
+    """The health check waits PREFECT_API_REQUEST_TIMEOUT (60 s by default), as every request of
+    Prefect's client does, and past it says that no server answers."""
+    from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_API_URL, temporary_settings
+
+    from flows.deploy import DeployError, check_server
+
+    with _slow_health(prefect_server) as slow:
+        with temporary_settings({PREFECT_API_URL: slow}):
+            assert check_server() == slow
+        answers = rf"^no Prefect server answers at PREFECT_API_URL={re.escape(slow)} \(timed out\)"
+        with temporary_settings({PREFECT_API_URL: slow, PREFECT_API_REQUEST_TIMEOUT: 1}), \
+                pytest.raises(DeployError, match=answers):
+            check_server()
 
 
 def _lines(result: subprocess.CompletedProcess) -> list[str]:
