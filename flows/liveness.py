@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from prefect.automations import Automation
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import State, StateType
 from prefect.events.actions import ChangeFlowRunState
 from prefect.events.schemas.automations import CompoundTrigger, EventTrigger, Posture
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -76,6 +76,13 @@ class Liveness(BaseModel):
         return (f"{SILENT} {self.crashed_after_s} s (the process or its "
                 f"machine died, or its worker died before starting it); its committed batches are kept "
                 f"and the next run of the root resumes them")
+
+
+def silenced(state: State | None) -> bool:
+    """Whether ``state`` is the Crashed this automation sets: no heartbeat for the window. A live
+    run whose heartbeats a busy server lost is so marked too, and goes back to Running
+    (flows/revive.py)."""
+    return state is not None and state.is_crashed() and (state.message or "").startswith(SILENT)
 
 
 def _silent_after(event: str, related: list[dict[str, str | list[str]]], liveness: Liveness,

@@ -24,7 +24,7 @@ from uuid import UUID
 from prefect.client.orchestration import get_client
 from prefect.states import Running
 
-from flows.liveness import SILENT
+from flows.liveness import silenced
 from flows.siblings import run_tree
 
 # Well within a liveness window: the rerun of a deployment comes 60 s after the Crash.
@@ -57,8 +57,7 @@ def revive(run_id: UUID, logger: logging.LoggerAdapter | logging.Logger) -> list
     again where the liveness automation marked it Crashed; the names of those it set."""
     try:
         with get_client(sync_client=True) as client:
-            marked = [run for run in run_tree(client, run_id) if run.state is not None and run.state.is_crashed()
-                      and (run.state.message or "").startswith(SILENT)]
+            marked = [run for run in run_tree(client, run_id) if silenced(run.state)]
             for run in marked:
                 client.set_flow_run_state(run.id, Running(message="alive: the server had marked it Crashed for "
                                                                   "lost heartbeats"), force=True)

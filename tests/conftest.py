@@ -151,6 +151,16 @@ def stop_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=30)
 
 
+def ended(state) -> bool:
+    """Whether the Prefect ``state`` of a live run (a build a test started and did not kill) is its
+    end: final, and not the liveness automation's Crashed for silence, which a server too busy to
+    take its heartbeats in sets (it was, at the suite's start on a slow 2-core machine); the run
+    goes back to Running (flows/revive.py), and its own end replaces that state."""
+    from flows.liveness import silenced
+
+    return state is not None and state.is_final() and not silenced(state)
+
+
 def build_json(config: Path, *args: str, env: Mapping[str, str] | None = None,
                timeout: float = 600) -> tuple[int, dict, str]:
     """``vlcorpus build CONFIG ARGS --json`` as typed (the installed script, in the config's

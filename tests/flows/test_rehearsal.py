@@ -24,7 +24,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import ROOT, SCRIPT, missing_system, require_binaries
+from conftest import ROOT, SCRIPT, ended, missing_system, require_binaries
 from rerunkit import claims_at_once, crash, reruns_of, trigger_loaded, wait_for
 from sitekit import port_for_splits
 
@@ -221,7 +221,7 @@ def test_scheduled_runs_missed_while_the_worker_was_down_collapse_to_the_newest(
         _stack("restart", "prefect-worker", "--dir", stack.dir)
         deadline = time.monotonic() + 300
         found = runs()
-        while not all(run.state.is_final() for run in found):
+        while not all(ended(run.state) for run in found):
             assert time.monotonic() < deadline, ([(r.name, r.state_name) for r in found], _log(stack, "prefect-worker"))
             time.sleep(2)
             found = runs()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, SCRIPT, require_binaries, stop_group
+from conftest import ROOT, SCRIPT, ended, require_binaries, stop_group
 from docskit import DOCS, code_blocks, commands
 import slurmkit
 from slurmkit import queue, slurm_cluster, unavailable, wait_gone
@@ -183,7 +183,7 @@ def test_a_deployments_run_builds_on_slurm_through_a_gpu_job_cancelled_mid_task(
         run_id = re.search(r"UUID: ([0-9a-f-]{36})", ran.stdout).group(1)
         with get_client(sync_client=True) as client:
             while not list((root / "segments").rglob("*.parquet")):
-                assert not client.read_flow_run(run_id).state.is_final(), (tmp_path / "worker.log").read_text()[-4000:]
+                assert not ended(client.read_flow_run(run_id).state), (tmp_path / "worker.log").read_text()[-4000:]
                 time.sleep(0.1)
         [job] = [line.split()[0] for line in queue(JOBS) if f"{NAME}-gpu" in line]
         script = subprocess.run(["scontrol", "write", "batch_script", job, "-"], env=env, capture_output=True,
@@ -196,7 +196,7 @@ def test_a_deployments_run_builds_on_slurm_through_a_gpu_job_cancelled_mid_task(
                          rf"--tls-ca-file {tls}/ca\.pem --tls-cert {tls}/worker\.pem --tls-key {tls}/worker-key\.pem",
                          script), script
         with get_client(sync_client=True) as client:
-            while not (run := client.read_flow_run(run_id)).state.is_final():
+            while not ended((run := client.read_flow_run(run_id)).state):
                 time.sleep(1)
         assert run.state.is_completed(), (run.state, (tmp_path / "worker.log").read_text()[-4000:])
     finally:
