@@ -9,7 +9,6 @@ once."""
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 import subprocess
 import sys
@@ -113,7 +112,7 @@ def _slow_health(api_url: str) -> Iterator[str]:
                 self.end_headers()
                 self.wfile.write(data)
 
-        do_GET = do_POST = do_PATCH = do_DELETE = _forward
+        do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
 
         def log_message(self, *args) -> None:
             pass
@@ -128,20 +127,23 @@ def _slow_health(api_url: str) -> Iterator[str]:
         server.server_close()
 
 
-def test_a_server_slow_to_answer_is_waited_for_as_long_as_prefects_client_waits(prefect_server):
-    """The health check waits PREFECT_API_REQUEST_TIMEOUT (60 s by default), as every request of
-    Prefect's client does, and past it says that no server answers."""
-    from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_API_URL, temporary_settings
+@pytest.mark.slow
+def test_a_server_slow_to_answer_is_waited_for_as_long_as_prefects_client_waits(tmp_path, prefect_server):
+    """`vlcorpus deploy` as typed waits for the health check PREFECT_API_REQUEST_TIMEOUT (60 s by
+    default), as every request of Prefect's client does, and registers; past it, it says in one
+    line that no server answers."""
+    from prefect.client.orchestration import get_client
 
-    from flows.deploy import DeployError, check_server
-
+    _deployments(tmp_path / "d.yaml", [])
+    env = {"VLCORPUS_ROOT": str(tmp_path / "corpora")}
     with _slow_health(prefect_server) as slow:
-        with temporary_settings({PREFECT_API_URL: slow}):
-            assert check_server() == slow
-        answers = rf"^no Prefect server answers at PREFECT_API_URL={re.escape(slow)} \(timed out\)"
-        with temporary_settings({PREFECT_API_URL: slow, PREFECT_API_REQUEST_TIMEOUT: 1}), \
-                pytest.raises(DeployError, match=answers):
-            check_server()
+        result = _deploy("--file", str(tmp_path / "d.yaml"), env={**env, "PREFECT_API_URL": slow})
+        assert result.returncode == 0, result.stderr
+        lines = _lines(_deploy("--file", str(tmp_path / "d.yaml"),
+                               env={**env, "PREFECT_API_URL": slow, "PREFECT_API_REQUEST_TIMEOUT": "1"}))
+    assert len(lines) == 1 and lines[0].startswith(f"no Prefect server answers at PREFECT_API_URL={slow} (timed out)")
+    with get_client(sync_client=True) as client:
+        assert [d.name for d in client.read_deployments()] == ["nightly"]
 
 
 def _lines(result: subprocess.CompletedProcess) -> list[str]:
