@@ -166,7 +166,7 @@ def gpu_routed(cfg: Config) -> set[str]:
     found = clusters.current()
     if found is not None and found.gpu_pool:
         return gpu_stages(cfg)
-    workers = FlowRunContext.get().task_runner.client.scheduler_info()["workers"].values()
+    workers = clusters.scheduler_workers(FlowRunContext.get().task_runner.client).values()
     return gpu_stages(cfg) if any(w.get("resources", {}).get("GPU") for w in workers) else set()
 
 

@@ -20,11 +20,14 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 from flows.clusters import fork_server
 from pipeline.config import Config
 from pipeline.config.cluster import AddressCluster, Cluster, LocalCluster, SlurmCluster
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 ADDRESS_ENV = "VLCORPUS_DASK_ADDRESS"
 
@@ -62,6 +65,14 @@ _current: list[Workers] = []
 def current() -> Workers | None:
     """The cluster of the build running in this process, innermost last (None outside one)."""
     return _current[-1] if _current else None
+
+
+def scheduler_workers(client: Client) -> dict[str, dict[str, Any]]:
+    """The workers the scheduler has now, by address, with their resources, asked for in one
+    message. Not ``client.scheduler_info()["workers"]``: the client's poll of the scheduler,
+    every 2 s, caches an identity without workers, and when its answer lands after the fresh
+    one that call returns no worker at all."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
 
 
 def chosen(cfg: Config, dask_address: str | None = None) -> Cluster:

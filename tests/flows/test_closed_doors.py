@@ -247,6 +247,8 @@ def test_a_dask_client_without_the_clusters_certificate_cannot_connect(tmp_path)
     from distributed import Client
     from distributed.security import Security
 
+    from flows.clusters import scheduler_workers
+
     (make, scheduler_tls, scheduler, worker_tls, cpu_worker, gpu_worker, client_tls, _run) = _cluster_block()
     assert make == "make secrets" and "dask_address=tls://HOST:8786" in _run
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
@@ -270,7 +272,8 @@ def test_a_dask_client_without_the_clusters_certificate_cannot_connect(tmp_path)
         with Client(address, security=tls_client(), timeout=30) as client:
             client.wait_for_workers(2, timeout=60)
             assert client.submit(operator.add, 40, 2, pure=False).result(timeout=30) == 42
-            assert all(worker.startswith("tls://127.0.0.1:") for worker in client.scheduler_info()["workers"])
+            workers = scheduler_workers(client)
+            assert len(workers) == 2 and all(worker.startswith("tls://127.0.0.1:") for worker in workers), workers
         # No certificate; a certificate of another CA; plain TCP: each refused.
         for address_tried, security in [(address, None), (address, Security.temporary()),
                                         (address.replace("tls://", "tcp://"), None)]:

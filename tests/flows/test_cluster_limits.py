@@ -15,6 +15,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from flows.cluster_limits import cluster_backend
+from flows.clusters import scheduler_workers
 from pipeline.download.breaker import Policy, refused
 from pipeline.download.limits import PROCESS
 
@@ -29,9 +30,11 @@ def client():
 
 
 def _spread(client: Client, fn, *args, each: int) -> list:
-    """``fn(*args)`` ``each`` times on each worker process at once; the results in one list."""
-    futures = [client.submit(fn, *args, workers=[worker], pure=False)
-               for worker in client.scheduler_info()["workers"] for _ in range(each)]
+    """``fn(*args)`` ``each`` times on each of the two worker processes at once; the results in
+    one list."""
+    workers = scheduler_workers(client)
+    assert len(workers) == 2, workers
+    futures = [client.submit(fn, *args, workers=[worker], pure=False) for worker in workers for _ in range(each)]
     return client.gather(futures)
 
 
@@ -129,7 +132,7 @@ def _check_store(written_and_read, tripped) -> None:
 
 
 def test_cluster_store_reads_back_what_was_written_across_worker_processes(client):
-    worker = next(iter(client.scheduler_info()["workers"]))
+    worker = next(iter(scheduler_workers(client)))
     written = client.submit(_on_worker, _written_and_read, "types", workers=[worker], pure=False).result()
     tripped = client.submit(_on_worker, _trips, "trips", 4, workers=[worker], pure=False).result()
     _check_store(written, tripped)

