@@ -101,7 +101,9 @@ def test_page_urls_include_bad_pages():
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> DemoSite:
-    return make_demo_media(tmp_path_factory.mktemp("demo"), n_videos=2, seed=0, quiet=True)
+    made = make_demo_media(tmp_path_factory.mktemp("demo"), n_videos=2, seed=0, quiet=True)
+    assert len(made.videos) == 2  # each test checks every video: none would pass them all
+    return made
 
 
 @pytest.mark.slow
@@ -177,6 +179,7 @@ def test_author_vtt_matches_manifest(site):
             assert texts[0] == "[Music]" and secs(captions[0].end) == video.music_s
             captions, texts = captions[1:], texts[1:]
         spoken = sentences(video)
+        assert spoken  # so there are two cues or more to pair below
         assert normalise(" ".join(texts)) == normalise(" ".join(s.text for s in spoken))
         assert len(texts) == len(spoken) + 1  # one sentence is split across two cues
         assert all(secs(a.end) <= secs(b.start) for a, b in zip(captions, captions[1:]))

@@ -75,17 +75,20 @@ def test_compose_publishes_only_prefect_on_loopback_and_holds_no_secret(made):
                                                                           for part in ("cert", "key"))]}
     assert {spec["file"].removeprefix("./tls/") for spec in compose["secrets"].values()} <= files
     # Dask: TLS only wherever a process of it runs, each with its role's mounted files.
+    dask = set()
     for name, service in services.items():
         env, command = service.get("environment", {}), service.get("command", [])
         dask_like = command[:1] == ["dask"] or any(key.startswith("DASK_") or "DASK_ADDRESS" in key for key in env)
         if not dask_like:
             continue
+        dask.add(name)
         assert env[REQUIRE_ENCRYPTION] == "True", name
         assert all(value.startswith("tls://") for value in command + list(env.values()) if "://" in value
                    and not value.startswith("http")), name
         for key, value in env.items():
             if key.startswith(DASK_TLS):
                 assert value.removeprefix("/run/secrets/") in service["secrets"], (name, key)
+    assert dask >= {"prefect-worker", "dask-scheduler", "dask-worker-cpu", "dask-worker-gpu"}, dask
     scheduler = services["dask-scheduler"]["command"]
     assert "--protocol" in scheduler and scheduler[scheduler.index("--protocol") + 1] == "tls"
     (cmd,) = [line for line in (INFRA / "docker" / "Dockerfile").read_text().splitlines() if line.startswith("CMD ")]
@@ -163,6 +166,7 @@ def test_make_secrets_makes_them_once_and_prints_none():
     assert {path: path.read_bytes() for path in made} == made
     values = [line.split("=", 1)[1] for line in made[INFRA / ".env"].decode().splitlines()
               if "=" in line and not line.startswith("#")]
+    assert values, "infra/.env holds no secret"
     for printed in (first.stdout + first.stderr, again.stdout + again.stderr):
         assert not [value for value in values if value in printed]
     ignored = subprocess.run(["git", "check-ignore", "infra/.env", "infra/tls/ca.pem"], cwd=ROOT,

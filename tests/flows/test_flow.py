@@ -138,6 +138,7 @@ def test_a_stage_alone_runs_that_stages_flow_and_nothing_else(builds):
 def test_pipelined_false_runs_each_stage_flow_over_the_whole_corpus_in_turn(builds):
     corpus = Corpus(str(builds["root"]))
     labels = corpus.labels()
+    assert len(labels) == PARTITIONS
     runs = _runs_of(builds, "whole_at")
     (whole,) = [run for name, run in runs if name == "build_corpus"]
     steps = {task.id for task in builds["task_runs"] if task.flow_run_id == whole.id}

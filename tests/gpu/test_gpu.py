@@ -57,6 +57,7 @@ def test_the_copy_stream_gives_the_cpu_runs_features(tmp_path):
     rng = np.random.default_rng(0)
     batches = [[rng.integers(0, 256, (4, 144, 192, 3), dtype=np.uint8) for _ in range(n)] for n in (3, 2, 4)]
     looped = list(gpu.run_batches([gpu.prepare(c) for c in batch] for batch in batches))
+    assert [len(got) for got in looped] == [3, 2, 4]
     for got, batch in zip(looped, batches):
         want = cpu.run([cpu.prepare(c) for c in batch])
         for g, w in zip(got, want):

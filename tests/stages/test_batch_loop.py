@@ -53,7 +53,7 @@ def test_the_loop_gives_each_batchs_features_in_order(extractor):
     batches = _batches(extractor, [[2, 1], [2, 2, 1], [1]])
     looped = list(extractor.run_batches(iter(batches)))
     one_by_one = [extractor.run(batch) for batch in batches]
-    assert [len(b) for b in looped] == [2, 3, 1]
+    assert [len(b) for b in looped] == [len(b) for b in one_by_one] == [2, 3, 1]
     for got, want in zip(looped, one_by_one):
         for g, w in zip(got, want):
             assert g.dtype == torch.float32 and g.device.type == "cpu"

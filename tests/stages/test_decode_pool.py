@@ -57,9 +57,10 @@ def test_the_pool_gives_the_frames_sampling_here_gives(videos, pool, monkeypatch
     jobs = plan_jobs(wanted, 4)
     assert len(jobs) > 2  # the videos were cut into parts
     got = dict(pool.sample(jobs, contextlib.nullcontext, depth=2))
+    assert set(got) == {r.key for requests in wanted.values() for r in requests}  # all 30 within the videos
     for path, requests in wanted.items():
         here = dict(sample_frames(path, requests))
-        assert set(here) <= set(got)
+        assert set(here) == {r.key for r in requests}
         for key, frames in here.items():
             assert np.array_equal(got[key], frames), key
 

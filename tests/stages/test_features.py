@@ -92,6 +92,7 @@ def test_visual_extractor_shapes_and_determinism(name, lengths, shape, fields) -
     # Same input twice, and a second build (seeded init): identical features.
     again = _run(first, clips)
     second = _run(_build(name, weights="none", **fields), clips)
+    assert len(again) == len(second) == len(lengths)
     for a, b, c in zip(out, again, second):
         assert torch.equal(a, b) and torch.equal(a, c)
     assert not torch.equal(out[0], _run(first, _clips(lengths[:1], seed=1))[0])

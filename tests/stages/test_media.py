@@ -307,6 +307,7 @@ def test_frames_equal_a_plain_full_decode(tmp_path):
         frames = [(f.pts * float(stream.time_base), f.to_ndarray(format="rgb24"))
                   for f in container.decode(stream)]
     for request in requests:
+        assert len(got[request.key]) == len(frame_times(request)), request.key
         for t, image in zip(frame_times(request), got[request.key]):
             shown = [img for pts, img in frames if pts <= t + 1e-6][-1]
             assert np.array_equal(image, shown), (request.key, t)
@@ -363,6 +364,7 @@ def test_skipping_non_reference_frames_takes_the_nearest_decoded_frame(tmp_path)
     assert len(kept) < 0.8 * len(every)
     got = dict(sample_frames(str(path), requests, skip_nonref=True))
     for request in requests:
+        assert len(got[request.key]) == len(frame_times(request)), request.key
         for t, image in zip(frame_times(request), got[request.key]):
             distance = min(abs(k - t) for k in kept)
             nearest = min(k for k in kept if abs(k - t) <= distance + 1e-6)  # of two as near, the earlier

@@ -285,9 +285,8 @@ def test_a_build_renames_parquet_shards_of_earlier_versions(tmp_path, offline, m
     assert not list(folder.glob("split=*/part-*"))
     names = [e["name"] for e in load_listing(corpus, "parquet")]
     assert names and all(n.split("/")[1].startswith(n.split("/")[0][6:] + "-") for n in names)
-    for label in corpus.labels():
-        for entry in PartitionIndex.load(corpus, label).shards:
-            assert entry.files["parquet"].name.split("/")[1].startswith(f"{entry.split}-")
+    entries = [entry for label in corpus.labels() for entry in PartitionIndex.load(corpus, label).shards]
+    assert entries and all(e.files["parquet"].name.split("/")[1].startswith(f"{e.split}-") for e in entries)
     assert check_shards(corpus, corpus.labels()) == []
     renamed = {_number(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.glob("split=*/*.parquet")}
     assert digests.items() <= renamed.items()

@@ -147,7 +147,7 @@ def test_collate_shapes_wal_and_candidates():
     assert wal["labels"].tolist() == [1, 1, 1, 0, 0, 0] and wal["visual"].shape[0] == 6
     assert wal["index"].tolist() == [0, 1, 2, 0, 1, 2]
     neg = wal["text_index"].tolist()[3:]
-    assert all(pairs.groups[t] != pairs.groups[v] for v, t in zip([0, 1, 2], neg))  # another video
+    assert len(neg) == 3 and all(pairs.groups[t] != pairs.groups[v] for v, t in zip([0, 1, 2], neg))  # another video
     full = collate(pairs, [0, 1, 2], BatchOptions(), rng)  # padded, masked
     assert full["visual"].shape == (3, 3, 4) and full["visual_mask"].sum(1).tolist() == [1, 2, 3]
     bags = collate(pairs, [0, 1], BatchOptions(candidates=5), rng)

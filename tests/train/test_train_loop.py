@@ -164,6 +164,7 @@ def test_val_selection_keeps_the_best_epoch(tmp_path):
     assert again["epoch"] == best and again["checkpoint"].endswith("best.pt")
     assert again["t2v"] == pytest.approx(result["t2v"])
     recall = train(pairs, cfg("nce", epochs=3, select="val_recall"), tmp_path / "r", device="cpu")
+    assert [p["epoch"] for p in recall["curve"]] == [0, 1, 2]
     assert recall["selected"]["by"] == "val_recall" and all(0 <= p["val"] <= 100 for p in recall["curve"])
     no_val = train(PAIRS, cfg("nce", epochs=1, select="val_recall"), tmp_path / "n", device="cpu")
     assert no_val["selected"]["by"] == "last" and "no val split" in no_val["selected"]["note"]
@@ -197,7 +198,7 @@ def test_resume_continues_at_next_epoch_with_same_result(tmp_path):
     train(PAIRS, cfg("wal", epochs=2), part, device="cpu")
     assert latest_checkpoint(part).name == "epoch_0001.pt"
     resumed = train(PAIRS, cfg("wal", epochs=4), part, device="cpu")
-    assert [p["epoch"] for p in resumed["curve"]] == [0, 1, 2, 3]
+    assert [p["epoch"] for p in resumed["curve"]] == [p["epoch"] for p in full["curve"]] == [0, 1, 2, 3]
     for a, b in zip(full["curve"], resumed["curve"]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
         assert a["z0_share"] == b["z0_share"]
