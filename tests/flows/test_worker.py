@@ -732,7 +732,13 @@ def test_a_build_killed_with_its_worker_is_crashed_by_the_server_alerted_and_run
         stuck_s = {}
         for name in ("running", "pending", "subflow"):
             run, went = stuck[name]
-            run = _wait_final(run.id, stack, seconds=30, live=False)
+            try:
+                run = _wait_final(run.id, stack, seconds=30, live=False)
+            except AssertionError as exc:
+                # Why a watch never fired is in the server's log: an event it gave up on after
+                # its retries, each "database is locked" (as once on a busy machine).
+                dropped = [line for line in stack.server_log.read_text().splitlines() if "dead letter" in line]
+                raise AssertionError(f"{name}: {exc}\nevents the server dropped: {dropped}") from None
             assert run.state.type.value == "CRASHED", (name, run.state)
             assert f"sent no heartbeat for {CRASHED_AFTER_S} s" in run.state.message, (name, run.state.message)
             stuck_s[name] = (run.state.timestamp - went.timestamp).total_seconds()
